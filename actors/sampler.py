@@ -1,0 +1,173 @@
+"""``SamplerActor``: plays many episodes at once and batches their generation requests.
+
+Each episode is a coroutine (``actors.rollout.run_episode``). Episodes that are waiting for the
+model put their prompt on a queue; one batching loop takes every pending prompt, runs a single
+batched ``generate`` in a worker thread (torch releases the GIL, so environment replies keep
+arriving meanwhile) and hands the results back. A slow environment delays only its own episode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import ray
+import torch
+
+from actors.chat import ChatFormat
+from actors.engines import Generation, make_engine
+from actors.models import load_tokenizer
+from actors.rollout import run_episode
+from actors.weights import WeightsPayload
+from configs.schema import EnvConfig, ModelConfig, SamplerConfig
+from envs.actor import create_env_actor
+
+# How long the batching loop waits for the rest of the active episodes to ask for a turn before
+# it generates for those already waiting. Env steps take milliseconds; generation takes far longer.
+BATCH_WINDOW_S = 0.01
+
+
+@dataclass(frozen=True)
+class EpisodeRequest:
+    task_id: int
+    group: int
+
+
+class SamplerActor:
+    """Owns one engine and a set of env actors; run it with ``ray.remote`` (it is an async actor).
+
+    Args:
+        index: the sampler's number (seeds its sampling generator with ``seed + index``).
+        model: model section of the config.
+        sampler: sampler section of the config.
+        env: env section of the config.
+        seed: the run seed.
+    """
+
+    def __init__(self, *, index: int, model: ModelConfig, sampler: SamplerConfig, env: EnvConfig, seed: int) -> None:
+        torch.set_num_threads(max(1, round(sampler.num_cpus)))
+        self.index = index
+        self.config = sampler
+        self.env_config = env
+        tokenizer = load_tokenizer(model.name)
+        self.chat = ChatFormat(tokenizer)
+        stop_ids = [tokenizer.eos_token_id]
+        self.engine = make_engine(
+            sampler.engine,
+            model_name=model.name,
+            dtype=model.dtype,
+            seed=seed + index,
+            stop_token_ids=stop_ids,
+            pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+        )
+        self.envs = [create_env_actor(env.name, env.options) for _ in range(sampler.envs_per_sampler)]
+        self.instruction: str | None = None
+        self.free_envs: asyncio.Queue | None = None
+        self.horizon: int | None = None
+        self.pending: list[tuple[list[int], asyncio.Future]] = []
+        self.wake: asyncio.Event | None = None
+        self.engine_lock: asyncio.Lock | None = None
+        self.batch_task: asyncio.Task | None = None
+        self.stats = {"generate_calls": 0, "generated_tokens": 0, "generate_s": 0.0}
+
+    def _ensure_loop_state(self) -> None:
+        # asyncio objects must be created on the actor's event loop, which __init__ does not run on.
+        if self.wake is None:
+            self.wake = asyncio.Event()
+            self.engine_lock = asyncio.Lock()
+            self.free_envs = asyncio.Queue()
+            for handle in self.envs:
+                self.free_envs.put_nowait(handle)
+            self.batch_task = asyncio.get_running_loop().create_task(self._batch_loop())
+
+    async def set_horizon(self, horizon: int) -> int:
+        """Adopt ``horizon`` for episodes that start from now on (running ones keep theirs)."""
+        self.horizon = horizon
+        return self.horizon
+
+    async def load_weights(self, payload_ref: list[ray.ObjectRef]) -> int:
+        """Load the weights behind ``payload_ref[0]`` (wrapped in a list so Ray passes the reference)."""
+        self._ensure_loop_state()
+        payload: WeightsPayload = await payload_ref[0]
+        async with self.engine_lock:
+            await asyncio.to_thread(self.engine.load_weights, payload)
+        return self.engine.weights_version
+
+    async def state(self) -> dict:
+        """Horizon, weights version and generation counters of this sampler."""
+        return {"index": self.index, "horizon": self.horizon, "weights_version": self.engine.weights_version, **self.stats}
+
+    async def collect(self, requests: list[EpisodeRequest]) -> list[ray.ObjectRef]:
+        """Play one episode per request concurrently; return the trajectories as ObjectRefs, in order.
+
+        Raises:
+            RuntimeError: no horizon has been pushed by the curriculum yet.
+        """
+        self._ensure_loop_state()
+        if self.horizon is None:
+            raise RuntimeError(f"sampler {self.index} has no horizon; register it with the CurriculumActor first")
+        horizon = self.horizon
+        if self.instruction is None:
+            self.instruction = await self.envs[0].instruction.remote()
+        trajectories = await asyncio.gather(*(self._play(request, horizon) for request in requests))
+        return [ray.put(trajectory) for trajectory in trajectories]
+
+    async def _play(self, request: EpisodeRequest, horizon: int):
+        env = await self.free_envs.get()
+        try:
+            return await run_episode(
+                env_name=self.env_config.name,
+                instruction=self.instruction,
+                reset=lambda task_id: env.reset.remote(task_id),
+                step=lambda text: env.step.remote(text),
+                generate=self._generate,
+                chat=self.chat,
+                task_id=request.task_id,
+                group=request.group,
+                horizon=horizon,
+                max_new_tokens=self.config.sampling.max_new_tokens,
+                max_context_tokens=self.config.max_context_tokens,
+            )
+        finally:
+            self.free_envs.put_nowait(env)
+
+    async def _generate(self, prompt: list[int]) -> tuple[Generation, int]:
+        future = asyncio.get_running_loop().create_future()
+        self.pending.append((prompt, future))
+        self.wake.set()
+        return await future
+
+    def _active_episodes(self) -> int:
+        return len(self.envs) - self.free_envs.qsize()
+
+    async def _batch_loop(self) -> None:
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            deadline = time.monotonic() + BATCH_WINDOW_S
+            while len(self.pending) < min(self._active_episodes(), self.config.max_batch_size):
+                if time.monotonic() >= deadline:
+                    break
+                await asyncio.sleep(0.001)
+            batch = self.pending[: self.config.max_batch_size]
+            del self.pending[: len(batch)]
+            if not batch:
+                continue
+            prompts = [prompt for prompt, _ in batch]
+            started = time.perf_counter()
+            try:
+                async with self.engine_lock:
+                    results = await asyncio.to_thread(self.engine.generate, prompts, self.config.sampling)
+                    version = self.engine.weights_version
+            except Exception as exc:  # hand the failure to every waiting episode instead of hanging them
+                for _, future in batch:
+                    future.set_exception(exc)
+                continue
+            self.stats["generate_calls"] += 1
+            self.stats["generate_s"] += time.perf_counter() - started
+            self.stats["generated_tokens"] += sum(len(r.token_ids) for r in results)
+            for (_, future), result in zip(batch, results, strict=True):
+                future.set_result((result, version))
+            if self.pending:
+                self.wake.set()

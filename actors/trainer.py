@@ -1,0 +1,292 @@
+"""The driver loop: rollout on samplers, update on the learner, sync weights, record the run.
+
+This module is the composition root: it is the one place in ``actors`` that wires in the
+learner package (everything else in ``actors`` stays independent of it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import ray
+import structlog
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from actors.chat import ChatFormat
+from actors.curriculum import CurriculumActor
+from actors.models import load_tokenizer, model_dir
+from actors.rundir import CONFIG_FILE, TRAINER_STATE, RunDir
+from actors.sampler import EpisodeRequest, SamplerActor
+from actors.trajectory import Trajectory
+from configs import Config, load_config
+from envs import make
+from learner.actor import LearnerActor
+
+log = structlog.get_logger()
+
+
+class TrainError(RuntimeError):
+    """A run that cannot start or continue; the message says what to change."""
+
+
+def init_ray(config: Config) -> None:
+    """Connect to ``ray.address`` or start a local instance that listens on 127.0.0.1 only."""
+    if ray.is_initialized():
+        return
+    address = config.ray.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=True)
+        return
+    # Without this, a local Ray instance listens on the machine's network address.
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray.init(
+        num_cpus=config.ray.num_cpus,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=True,
+    )
+
+
+class TaskSchedule:
+    """Seeded draw of the tasks of each iteration (distinct within an iteration); resumable."""
+
+    def __init__(self, tasks: list[int], per_iteration: int, seed: int) -> None:
+        if not tasks:
+            raise TrainError("the env split has no tasks; check env.split and env.options")
+        self.tasks = tasks
+        self.per_iteration = min(per_iteration, len(tasks))
+        self.rng = np.random.default_rng(seed)
+
+    def next(self) -> list[int]:
+        picks = self.rng.choice(len(self.tasks), size=self.per_iteration, replace=False)
+        return [self.tasks[int(i)] for i in picks]
+
+    def state(self) -> dict:
+        return self.rng.bit_generator.state
+
+    def load_state(self, state: dict) -> None:
+        self.rng.bit_generator.state = state
+
+
+def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
+    n = len(trajectories)
+    return {
+        "success_rate": sum(t.success for t in trajectories) / n,
+        "mean_reward": sum(t.reward for t in trajectories) / n,
+        "rollout/episodes": float(n),
+        "rollout/turns_mean": sum(t.num_turns for t in trajectories) / n,
+        "rollout/truncated_rate": sum(t.truncated for t in trajectories) / n,
+        "rollout/sampled_tokens": float(sum(t.num_sampled_tokens for t in trajectories)),
+        "rollout/episode_tokens_mean": sum(len(t.token_ids) for t in trajectories) / n,
+    }
+
+
+class Trainer:
+    """Creates the actors of one run and drives its iterations.
+
+    Args:
+        config: the resolved run config.
+        run_dir: the run directory (created, or an existing one when resuming).
+        resume: continue from the latest complete checkpoint in ``run_dir``.
+    """
+
+    def __init__(self, config: Config, run_dir: RunDir, *, resume: bool = False) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.resume = resume
+        self.start_iteration = 0
+        self.weights_version = 0
+
+    def _start_actors(self) -> None:
+        cfg = self.config
+        model_dir(cfg.model.name)  # build a built-in model once here, before actors race to do it
+        env = make(cfg.env.name, cfg.env.options)
+        self.schedule = TaskSchedule(list(env.tasks(cfg.env.split)), cfg.trainer.tasks_per_iteration, cfg.run.seed)
+        env.close()
+        learner_cls = ray.remote(LearnerActor).options(num_cpus=cfg.learner.num_cpus)
+        self.learner = learner_cls.remote(
+            model=cfg.model, learner=cfg.learner, algorithm=cfg.algorithm, seed=cfg.run.seed
+        )
+        sampler_cls = ray.remote(SamplerActor).options(num_cpus=cfg.sampler.num_cpus, max_concurrency=1000)
+        self.samplers = [
+            sampler_cls.remote(index=i, model=cfg.model, sampler=cfg.sampler, env=cfg.env, seed=cfg.run.seed)
+            for i in range(cfg.sampler.count)
+        ]
+        self.curriculum = ray.remote(CurriculumActor).options(num_cpus=0).remote(cfg.curriculum)
+        ray.get(self.curriculum.register.remote(self.samplers))
+        described = ray.get(self.learner.describe.remote())
+        tokens_per_iteration = (
+            cfg.trainer.tasks_per_iteration * cfg.algorithm.group_size * cfg.sampler.max_context_tokens
+        )
+        log.info(
+            "actors ready",
+            samplers=cfg.sampler.count,
+            env_actors=cfg.sampler.count * cfg.sampler.envs_per_sampler,
+            episodes_per_iteration=cfg.trainer.tasks_per_iteration * cfg.algorithm.group_size,
+            max_tokens_per_iteration=tokens_per_iteration,
+            train_tasks=len(self.schedule.tasks),
+            **described,
+        )
+
+    def _restore(self) -> None:
+        checkpoint = self.run_dir.latest_checkpoint()
+        if checkpoint is None:
+            log.info("no complete checkpoint to resume from; starting at iteration 0", run=str(self.run_dir.path))
+            self.run_dir.keep_metrics_before(0)
+            return
+        state = json.loads((checkpoint / TRAINER_STATE).read_text())
+        self.weights_version = ray.get(self.learner.load_checkpoint.remote(str(checkpoint)))
+        self.schedule.load_state(state["task_schedule"])
+        ray.get(self.curriculum.load_state.remote(state["curriculum"]))
+        self._sync_weights()
+        self.start_iteration = state["iterations_done"]
+        self.run_dir.keep_metrics_before(self.start_iteration)
+        log.info("resumed", checkpoint=str(checkpoint), iteration=self.start_iteration, version=self.weights_version)
+
+    def _sync_weights(self) -> float:
+        started = time.perf_counter()
+        payload_ref = ray.get(self.learner.publish_weights.remote())
+        versions = ray.get([s.load_weights.remote(payload_ref) for s in self.samplers])
+        self.weights_version = versions[0]
+        return time.perf_counter() - started
+
+    def _rollout(self, iteration: int, progress: Progress | None) -> tuple[list[ray.ObjectRef], list[Trajectory]]:
+        """Play this iteration's task groups; returns the trajectory refs and the trajectories, by group."""
+        group_size = self.config.algorithm.group_size
+        pending = {}
+        for group, task_id in enumerate(self.schedule.next()):
+            sampler = self.samplers[group % len(self.samplers)]
+            requests = [EpisodeRequest(task_id=task_id, group=group)] * group_size
+            pending[sampler.collect.remote(requests)] = group
+        bar = None
+        if progress is not None:
+            bar = progress.add_task(f"iteration {iteration} episodes", total=len(pending) * group_size, status="")
+        by_group: dict[int, list[ray.ObjectRef]] = {}
+        waiting = list(pending)
+        while waiting:
+            ready, waiting = ray.wait(waiting, num_returns=1)
+            by_group[pending[ready[0]]] = ray.get(ready[0])
+            if bar is not None:
+                progress.advance(bar, group_size)
+        if bar is not None:
+            progress.remove_task(bar)
+        refs = [ref for group in sorted(by_group) for ref in by_group[group]]
+        return refs, ray.get(refs)
+
+    def _checkpoint(self, iterations_done: int) -> Path:
+        staging = self.run_dir.staging_dir(iterations_done)
+        ray.get(self.learner.save_checkpoint.remote(str(staging)))
+        state = {
+            "iterations_done": iterations_done,
+            "weights_version": self.weights_version,
+            "curriculum": ray.get(self.curriculum.state.remote()),
+            "task_schedule": self.schedule.state(),
+        }
+        path = self.run_dir.publish_checkpoint(staging, iterations_done, state)
+        log.info("checkpoint saved", path=str(path))
+        return path
+
+    def run(self) -> dict:
+        """Train to ``trainer.iterations``; returns the last iteration's metrics."""
+        cfg = self.config
+        structlog.contextvars.bind_contextvars(run=cfg.run.name)
+        self._start_actors()
+        if self.resume:
+            self._restore()
+        last: dict = {}
+        show = cfg.logging.progress
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[status]}"),
+            transient=False,
+        ) if show else nullcontext() as progress:
+            overall = None
+            if progress is not None:
+                overall = progress.add_task(
+                    "training", total=cfg.trainer.iterations, completed=self.start_iteration, status=""
+                )
+            for iteration in range(self.start_iteration, cfg.trainer.iterations):
+                structlog.contextvars.bind_contextvars(iteration=iteration)
+                started = time.perf_counter()
+                horizon = ray.get(self.curriculum.start_iteration.remote(iteration))["horizon"]
+                refs, trajectories = self._rollout(iteration, progress)
+                rollout_s = time.perf_counter() - started
+                learner_metrics = ray.get(self.learner.update.remote(refs))
+                sync_s = self._sync_weights()
+                self.run_dir.write_trajectories(iteration, trajectories)
+                record = {
+                    "iteration": iteration,
+                    "horizon": horizon,
+                    "weights_version": self.weights_version,
+                    **rollout_metrics(trajectories),
+                    **learner_metrics,
+                    "time/rollout_s": rollout_s,
+                    "time/sync_s": sync_s,
+                    "time/iteration_s": time.perf_counter() - started,
+                }
+                self.run_dir.append_metrics(record)
+                log.info(
+                    "iteration done",
+                    horizon=horizon,
+                    success_rate=round(record["success_rate"], 3),
+                    mean_reward=round(record["mean_reward"], 3),
+                    loss=round(record.get("learner/loss", 0.0), 5),
+                    seconds=round(record["time/iteration_s"], 1),
+                )
+                done = iteration + 1
+                if done % cfg.trainer.checkpoint_every == 0 or done == cfg.trainer.iterations:
+                    self._checkpoint(done)
+                if overall is not None:
+                    progress.update(
+                        overall, advance=1, status=f"success {record['success_rate']:.2f} horizon {horizon}"
+                    )
+                last = record
+        structlog.contextvars.unbind_contextvars("iteration")
+        return last
+
+
+def prepare_run(config_path: str | None, overrides: list[str], resume: str | None) -> tuple[Config, RunDir]:
+    """Resolve the config and run directory for ``train``.
+
+    A fresh run refuses an existing run directory that already holds metrics; ``resume`` reads the
+    run's saved config (overrides still apply, e.g. to raise ``trainer.iterations``).
+    """
+    if resume:
+        path = Path(resume)
+        if not (path / CONFIG_FILE).is_file():
+            raise TrainError(f"--resume {resume}: no {CONFIG_FILE} there; give a run directory made by train")
+        config = load_config(path / CONFIG_FILE, overrides)
+        run_dir = RunDir(path)
+        run_dir.create(config)
+        return config, run_dir
+    config = load_config(config_path, overrides)
+    if config.run.name is None:
+        config.run.name = f"{config.env.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = RunDir(Path(config.run.dir) / config.run.name)
+    if run_dir.metrics.exists() and run_dir.metrics.stat().st_size > 0:
+        raise TrainError(
+            f"run directory {run_dir.path} already holds a run; continue it with --resume {run_dir.path} "
+            "or choose another name with --set run.name=NAME"
+        )
+    run_dir.create(config)
+    return config, run_dir
+
+
+def train(config: Config, run_dir: RunDir, *, resume: bool = False) -> dict:
+    """Run training in a local or remote Ray instance and shut the local one down afterwards."""
+    # Fail before any actor starts when the model's chat template cannot be extended token-exactly.
+    ChatFormat(load_tokenizer(config.model.name))
+    init_ray(config)
+    try:
+        return Trainer(config, run_dir, resume=resume).run()
+    finally:
+        ray.shutdown()
+

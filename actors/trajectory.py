@@ -1,0 +1,45 @@
+"""The record of one episode, as samplers produce it and the learner and run directory consume it."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Trajectory(BaseModel):
+    """One multi-turn episode, token-exact.
+
+    ``token_ids`` is the whole conversation; ``loss_mask[i]`` is 1 exactly where ``token_ids[i]``
+    was sampled by the policy, and ``logprobs[i]`` is the sampler's log-probability there (0
+    elsewhere). ``turn_spans`` are the ``[start, end)`` ranges of the sampled replies.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    env: str
+    task_id: int
+    group: int = Field(description="Index of the task within its iteration; episodes of one task share it.")
+    token_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    prompt_length: int = Field(description="Tokens before the first sampled reply.")
+    turn_spans: list[tuple[int, int]]
+    messages: list[dict[str, str]] = Field(description="The conversation as text (for logs and the viewer).")
+    actions: list[str] = Field(description="Raw reply text of each turn, as sent to the environment.")
+    step_rewards: list[float] = Field(description="Environment reward of each turn.")
+    reward: float = Field(description="Outcome reward: the sum of step rewards.")
+    success: bool
+    done: bool = Field(description="The environment ended the episode.")
+    truncated: bool = Field(description="The episode was cut by a limit before the environment ended it.")
+    truncation_reason: Literal["horizon", "context"] | None = None
+    horizon: int = Field(description="Turn limit in force when the episode started.")
+    weights_version: int = Field(description="Policy version that sampled the first reply (in sync mode, every reply).")
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turn_spans)
+
+    @property
+    def num_sampled_tokens(self) -> int:
+        return sum(self.loss_mask)

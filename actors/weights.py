@@ -1,0 +1,52 @@
+"""Versioned policy weights as they travel through the Ray object store.
+
+The learner ``ray.put``s one :class:`WeightsPayload` per version and hands out its ObjectRef;
+every sampler or server reads it by reference. Tensors are stored as numpy arrays, which Ray
+deserialises zero-copy from shared memory; bfloat16 (which numpy lacks) travels as int16 bits.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class WeightsPayload:
+    version: int
+    arrays: dict[str, np.ndarray]
+    dtypes: dict[str, str]
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays.values())
+
+
+def pack_state_dict(state_dict: dict[str, torch.Tensor], version: int) -> WeightsPayload:
+    """Copy ``state_dict`` to CPU numpy arrays tagged with ``version``."""
+    arrays: dict[str, np.ndarray] = {}
+    dtypes: dict[str, str] = {}
+    for name, tensor in state_dict.items():
+        tensor = tensor.detach().cpu()
+        dtypes[name] = str(tensor.dtype).removeprefix("torch.")
+        if tensor.dtype == torch.bfloat16:
+            tensor = tensor.view(torch.int16)
+        arrays[name] = tensor.numpy().copy()
+    return WeightsPayload(version=version, arrays=arrays, dtypes=dtypes)
+
+
+def unpack_state_dict(payload: WeightsPayload) -> dict[str, torch.Tensor]:
+    """Tensors viewing the payload's arrays (no copy); ``load_state_dict`` copies them into the model."""
+    tensors = {}
+    with warnings.catch_warnings():
+        # Arrays read from the object store are read-only, which torch warns about; nothing writes them.
+        warnings.simplefilter("ignore", UserWarning)
+        for name, array in payload.arrays.items():
+            tensor = torch.from_numpy(array)
+            if payload.dtypes[name] == "bfloat16":
+                tensor = tensor.view(torch.bfloat16)
+            tensors[name] = tensor
+    return tensors

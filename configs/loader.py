@@ -1,0 +1,94 @@
+"""Load a YAML config, apply ``--set a.b=c`` overrides, validate, and explain what is wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from configs.schema import Config
+
+PRESET_DIR = Path(__file__).resolve().parent
+DEFAULT_PRESET = "quickstart.yaml"
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the offending key and what to do."""
+
+
+def resolve_path(path: str | Path | None) -> Path:
+    """Return the config file for ``path``: an existing file, or the name of a preset in ``configs/``."""
+    if path is None:
+        return PRESET_DIR / DEFAULT_PRESET
+    candidate = Path(path)
+    if candidate.is_file():
+        return candidate
+    preset = PRESET_DIR / candidate.name
+    if preset.is_file() and candidate.parent in (Path("."), Path("configs")):
+        return preset
+    presets = ", ".join(sorted(p.name for p in PRESET_DIR.glob("*.yaml")))
+    raise ConfigError(f"config file {str(path)!r} not found; presets in configs/: {presets}")
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """Split ``a.b=c`` into (["a", "b"], c) with c parsed as a YAML scalar (``1e-6``, ``true``, ``[5,10]``)."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {item!r} must look like section.key=value (e.g. trainer.iterations=2)")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {item!r}: value {raw!r} is not valid YAML ({exc})") from exc
+    return key.strip().split("."), value
+
+
+def apply_override(data: dict[str, Any], item: str) -> None:
+    """Set the value of one ``a.b=c`` override inside the nested dict ``data``."""
+    path, value = parse_override(item)
+    node = data
+    for i, part in enumerate(path[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {item!r}: {'.'.join(path[: i + 1])} is a value, not a section")
+        node = child
+    node[path[-1]] = value
+
+
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    lines = [f"invalid config ({source}):"]
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "<root>"
+        if err["type"] == "extra_forbidden":
+            lines.append(f"  {where}: unknown key (check the spelling; see README 'Configuration')")
+        else:
+            lines.append(f"  {where}: {err['msg']} (got {err.get('input')!r})")
+    return "\n".join(lines)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Read ``path`` (default: the quickstart preset), apply ``overrides`` and validate.
+
+    Raises:
+        ConfigError: the file is missing or malformed, or a key or value is invalid; the
+            message names every offending key.
+    """
+    file = resolve_path(path)
+    try:
+        data = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{file}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{file}: the top level must be a mapping of sections, got {type(data).__name__}")
+    for item in overrides or []:
+        apply_override(data, item)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, str(file))) from None
+
+
+def dump_config(config: Config) -> str:
+    """The resolved config as YAML, loadable again by ``load_config``."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,42 @@
+"""``EnvActor``: one environment instance hosted in its own Ray actor."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+
+from envs.base import Observation, StepResult
+from envs.registry import make
+
+
+class EnvHost:
+    """Holds one ``TextEnv``; every method is a thin pass-through so the env stays the single source of truth."""
+
+    def __init__(self, name: str, options: dict[str, Any] | None = None) -> None:
+        self.env = make(name, options)
+
+    def instruction(self) -> str:
+        return self.env.instruction
+
+    def tasks(self, split: str) -> Sequence[int]:
+        return list(self.env.tasks(split))
+
+    def reset(self, task_id: int) -> Observation:
+        return self.env.reset(task_id)
+
+    def step(self, action_text: str) -> StepResult:
+        return self.env.step(action_text)
+
+    def health(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def create_env_actor(name: str, options: dict[str, Any] | None = None, *, num_cpus: float = 0.05) -> ray.actor.ActorHandle:
+    """Start an ``EnvActor`` for env ``name``; Ray restarts it (up to 3 times) if its process dies."""
+    actor_cls = ray.remote(EnvHost).options(num_cpus=num_cpus, max_restarts=3, name=None)
+    return actor_cls.remote(name, options)

@@ -1,0 +1,80 @@
+"""The text-environment protocol every environment implements.
+
+An environment is a small synchronous object: ``reset(task_id)`` starts an episode and
+``step(action_text)`` advances it. Environments never raise on bad model output: an action
+that cannot be parsed or executed comes back as an observation that says what was wrong.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class EnvError(Exception):
+    """Raised for caller errors that are not model output: unknown task ids, unknown splits."""
+
+
+class Observation(BaseModel):
+    """What the agent sees after ``reset``: the first user message of the episode."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str = Field(description="Observation text shown to the model.")
+    info: dict[str, Any] = Field(default_factory=dict, description="Env-specific extras (level, seed, ...).")
+
+
+class StepResult(BaseModel):
+    """Outcome of one ``step``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    observation: str = Field(description="Observation text after the action (or why the action failed).")
+    reward: float = Field(description="Reward for this step.")
+    done: bool = Field(description="True when the episode has ended (success or failure).")
+    info: dict[str, Any] = Field(default_factory=dict, description="Extras: `success`, `action_valid`, ...")
+
+
+class InvalidAction(BaseModel):
+    """Returned by ``parse_action`` when the model's text holds no usable action."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(description="What was wrong, phrased for the model to read.")
+
+
+class TextEnv(abc.ABC):
+    """A multi-turn text environment.
+
+    Subclasses set ``name`` and implement the abstract methods. Task ids are integers whose
+    meaning is fixed per environment and documented there; ``tasks(split)`` lists the ids of a split.
+    """
+
+    name: str = ""
+
+    @property
+    @abc.abstractmethod
+    def instruction(self) -> str:
+        """System prompt: the task format and the action syntax the parser accepts."""
+
+    @abc.abstractmethod
+    def tasks(self, split: str) -> Sequence[int]:
+        """Task ids of ``split`` (``train`` or ``test``). Raises EnvError for an unknown split."""
+
+    @abc.abstractmethod
+    def reset(self, task_id: int) -> Observation:
+        """Start the episode of ``task_id``. Raises EnvError for an id outside every split."""
+
+    @abc.abstractmethod
+    def step(self, action_text: str) -> StepResult:
+        """Apply one action, given as the model's raw text (``parse_action`` is applied here)."""
+
+    @abc.abstractmethod
+    def parse_action(self, model_text: str) -> str | InvalidAction:
+        """Extract the action from the model's raw output."""
+
+    def close(self) -> None:
+        """Release resources held by the environment (processes, browsers). Default: nothing."""

@@ -1,0 +1,39 @@
+"""Name -> environment class registry. Every environment is created through ``make``."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from envs.base import EnvError, TextEnv
+
+_REGISTRY: dict[str, str] = {}
+
+
+def register(name: str, target: str) -> None:
+    """Register ``target`` (``"package.module:Class"``) under ``name``; the import happens on first use."""
+    if ":" not in target:
+        raise ValueError(f"env target {target!r} must look like 'package.module:Class'")
+    _REGISTRY[name] = target
+
+
+def names() -> list[str]:
+    """Registered environment names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def env_class(name: str) -> type[TextEnv]:
+    """The class registered as ``name``; raises EnvError listing the valid names otherwise."""
+    if name not in _REGISTRY:
+        raise EnvError(f"unknown env {name!r}; registered envs: {', '.join(names())}")
+    module_name, _, attr = _REGISTRY[name].partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def make(name: str, options: dict[str, Any] | None = None) -> TextEnv:
+    """Create the environment ``name`` with its ``options`` (validated by the env's ``Options`` model)."""
+    cls = env_class(name)
+    return cls(**(options or {}))
+
+
+register("babyai", "envs.babyai:BabyAIEnv")

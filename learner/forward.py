@@ -1,0 +1,50 @@
+"""Forward passes that score only the tokens the loss uses.
+
+Agent trajectories are mostly environment text; only sampled tokens enter the loss. Projecting
+just those positions through the output layer avoids materialising (B, L, V) logits, which for
+a small model with a large vocabulary is most of the learner's time and memory.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def masked_token_outputs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    target_mask: torch.Tensor,
+    *,
+    entropy: bool,
+) -> dict[str, torch.Tensor]:
+    """Log-probabilities (and entropies) of next tokens where ``target_mask`` is set.
+
+    Works for causal LMs whose logits are ``output_embeddings(decoder(x))`` (Llama, Qwen, Mistral,
+    SmolLM and most others).
+
+    Args:
+        model: a Hugging Face causal LM.
+        input_ids: (B, L) token ids.
+        attention_mask: (B, L).
+        target_mask: (B, L-1); position t selects the prediction of token t+1.
+        entropy: also return the entropy of the next-token distribution at the selected positions.
+
+    Returns:
+        ``logprobs`` and, if asked, ``entropy``: (B, L-1), zero where ``target_mask`` is 0.
+    """
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, L, H)
+    rows, cols = target_mask.bool().nonzero(as_tuple=True)  # (N,), (N,)
+    logits = model.get_output_embeddings()(hidden[:, :-1][rows, cols]).float()  # (N, V)
+    targets = input_ids[:, 1:][rows, cols]  # (N,)
+    shape = target_mask.shape
+    out = {"logprobs": _scatter(-F.cross_entropy(logits, targets, reduction="none"), rows, cols, shape)}
+    if entropy:
+        log_probs = torch.log_softmax(logits, dim=-1)
+        out["entropy"] = _scatter(-(log_probs.exp() * log_probs).sum(-1), rows, cols, shape)
+    return out
+
+
+def _scatter(values: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    return torch.zeros(shape, dtype=values.dtype, device=values.device).index_put((rows, cols), values)
