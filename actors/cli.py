@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-import structlog
+# The entry point sets Ray's loopback switch before anything imports ray: a local Ray instance
+# started by this process (and its workers) then listens on 127.0.0.1 only.
+if not os.environ.get("RAY_ADDRESS"):
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
-from actors.logs import configure_logging
-from actors.models import ModelError
-from actors.trainer import TrainError, prepare_run, train
-from configs import ConfigError
-from envs import EnvError, env_class, make, names
+import structlog  # noqa: E402
+
+from actors.logs import configure_logging  # noqa: E402
+from actors.models import ModelError  # noqa: E402
+from configs import ConfigError  # noqa: E402
+from actors.trainer import TrainError, prepare_run, train  # noqa: E402
+from envs import EnvError, env_class, make, names  # noqa: E402
 
 log = structlog.get_logger()
 

@@ -32,7 +32,8 @@ async def run_episode(
     """Play ``task_id`` for at most ``horizon`` turns within ``max_context_tokens``.
 
     The episode stops when the environment says ``done``, after ``horizon`` replies, or when the
-    next reply could overflow the context (``truncated`` with the reason in the last two cases).
+    next turn could overflow ``max_context_tokens`` (``truncated`` with the reason in the last two
+    cases); ``token_ids`` never exceeds the context limit and always ends on a sampled token.
     """
     first = await reset(task_id)
     messages = [{"role": "system", "content": instruction}, {"role": "user", "content": first.text}]
@@ -47,13 +48,9 @@ async def run_episode(
     done = success = False
     truncation_reason = None
 
-    while True:
-        if len(turn_spans) >= horizon:
-            truncation_reason = "horizon"
-            break
-        if len(token_ids) + max_new_tokens > max_context_tokens:
-            truncation_reason = "context"
-            break
+    if len(token_ids) + max_new_tokens > max_context_tokens:
+        truncation_reason = "context"
+    while truncation_reason is None:
         generation, version = await generate(token_ids)
         if weights_version is None:
             weights_version = version
@@ -72,8 +69,16 @@ async def run_episode(
             done = True
             success = bool(result.info.get("success", result.reward > 0))
             break
+        # The last observation is kept as text for the record; its ids are only appended when
+        # another reply follows, so token_ids always ends on a sampled token.
         messages.append({"role": "user", "content": result.observation})
+        if len(turn_spans) >= horizon:
+            truncation_reason = "horizon"
+            break
         continuation = chat.continuation_ids(generation.token_ids, result.observation)
+        if len(token_ids) + len(continuation) + max_new_tokens > max_context_tokens:
+            truncation_reason = "context"
+            break
         token_ids += continuation
         loss_mask += [0] * len(continuation)
         logprobs += [0.0] * len(continuation)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import ray
+import ray._private.ray_constants as ray_constants
 import structlog
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -34,6 +35,9 @@ class TrainError(RuntimeError):
     """A run that cannot start or continue; the message says what to change."""
 
 
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
 def init_ray(config: Config) -> None:
     """Connect to ``ray.address`` or start a local instance that listens on 127.0.0.1 only."""
     if ray.is_initialized():
@@ -42,8 +46,12 @@ def init_ray(config: Config) -> None:
     if address:
         ray.init(address=address, log_to_driver=True)
         return
-    # Without this, a local Ray instance listens on the machine's network address.
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    # Ray reads this switch when it is imported; with it a local instance listens on 127.0.0.1 only.
+    if os.environ.get(LOOPBACK_ENV) != "0" or ray_constants.ENABLE_RAY_CLUSTER:
+        raise TrainError(
+            f"a local Ray instance would listen on the network; set {LOOPBACK_ENV}=0 in the environment "
+            "before Python imports ray (the agentgym-rl command does this), or set ray.address"
+        )
     ray.init(
         num_cpus=config.ray.num_cpus,
         include_dashboard=False,

@@ -33,7 +33,10 @@ def group_normalized_advantages(rewards: torch.Tensor, groups: torch.Tensor, eps
         values = rewards[members].float()
         if values.numel() < 2:
             continue
-        advantages[members] = (values - values.mean()) / (values.std(unbiased=True) + eps)
+        std = values.std(unbiased=True)
+        if std == 0:  # every member did equally well: nothing to prefer
+            continue
+        advantages[members] = (values - values.mean()) / (std + eps)
     return advantages
 
 

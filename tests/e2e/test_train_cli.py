@@ -1,0 +1,75 @@
+"""The real `agentgym-rl` command, end to end, on tiny-random."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import AutoModelForCausalLM
+
+REPO = Path(__file__).resolve().parents[2]
+CLI = Path(sys.executable).parent / "agentgym-rl"
+TINY = [
+    "--set", "model.name=tiny-random",
+    "--set", "sampler.sampling.max_new_tokens=16",
+    "--set", "curriculum.horizons=[2, 3]",
+    "--set", "curriculum.advance_every=2",
+    "--set", "trainer.checkpoint_every=2",
+]
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    command = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "actors.cli"]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_train_two_iterations_then_resume_to_three(tmp_path: Path):
+    run_dir = tmp_path / "runs" / "tiny"
+    common = [*TINY, "--set", f"run.dir={tmp_path / 'runs'}", "--set", "run.name=tiny"]
+    first = run_cli("train", str(REPO / "configs" / "quickstart.yaml"), *common, "--set", "trainer.iterations=2", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "finished iteration 1" in first.stdout
+
+    assert (run_dir / "config.yaml").is_file()
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in records] == [0, 1]
+    assert [r["weights_version"] for r in records] == [1, 2]
+    for record in records:
+        for key in ("horizon", "success_rate", "mean_reward", "learner/loss", "time/iteration_s"):
+            assert key in record
+    lines = (run_dir / "trajectories" / "iter_000001.jsonl").read_text().splitlines()
+    assert len(lines) == 2 * 4  # tasks_per_iteration x group_size of the quickstart preset
+    assert json.loads(lines[0])["weights_version"] == 1
+    checkpoint = run_dir / "checkpoints" / "iter_000002"
+    model = AutoModelForCausalLM.from_pretrained(checkpoint / "policy")
+    assert model.config.num_hidden_layers == 2
+
+    again = run_cli("train", str(REPO / "configs" / "quickstart.yaml"), *common, cwd=tmp_path)
+    assert again.returncode == 2 and "--resume" in again.stderr
+
+    resumed = run_cli("train", "--resume", str(run_dir), "--set", "trainer.iterations=3", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in records] == [0, 1, 2]
+    assert records[2]["weights_version"] == 3
+    assert records[2]["horizon"] == 3  # stepwise: iteration 2 is the second stage
+    assert (run_dir / "checkpoints" / "iter_000003" / "trainer.json").is_file()
+
+
+def test_bad_config_key_fails_with_its_name(tmp_path: Path):
+    result = run_cli("train", "--set", "trainer.iteratons=2", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "trainer.iteratons" in result.stderr and "unknown key" in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_envs_lists_babyai_splits(tmp_path: Path):
+    result = run_cli("envs", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows = [line.split() for line in result.stdout.splitlines() if line.startswith("babyai")]
+    assert [row[1] for row in rows] == ["train", "test"]
+    assert all(int(row[2]) > 0 for row in rows)

@@ -1,0 +1,89 @@
+"""The actors on a local Ray instance: samplers, curriculum, learner, weight sync."""
+
+import pytest
+import ray
+
+from actors.curriculum import CurriculumActor
+from actors.sampler import EpisodeRequest, SamplerActor
+from configs import load_config
+from learner.actor import LearnerActor
+
+OVERRIDES = [
+    "model.name=tiny-random",
+    "env.options.levels=[GoToRedBall, GoToRedBallNoDists]",
+    "sampler.envs_per_sampler=2",
+    "sampler.num_cpus=0.25",
+    "sampler.sampling.max_new_tokens=10",
+    "learner.num_cpus=0.5",
+    "learner.micro_batch_size=2",
+    "learner.lr=1e-3",
+    "algorithm.entropy_coef=0.01",
+    "curriculum.schedule=stepwise",
+    "curriculum.horizons=[2, 3]",
+    "curriculum.advance_every=2",
+]
+
+
+@pytest.fixture(scope="module")
+def system(ray_local):
+    config = load_config(None, OVERRIDES)
+    sampler_cls = ray.remote(SamplerActor).options(num_cpus=config.sampler.num_cpus, max_concurrency=100)
+    samplers = [
+        sampler_cls.remote(index=i, model=config.model, sampler=config.sampler, env=config.env, seed=0)
+        for i in range(2)
+    ]
+    curriculum = ray.remote(CurriculumActor).options(num_cpus=0).remote(config.curriculum)
+    ray.get(curriculum.register.remote(samplers))
+    learner = ray.remote(LearnerActor).options(num_cpus=config.learner.num_cpus).remote(
+        model=config.model, learner=config.learner, algorithm=config.algorithm, seed=0
+    )
+    yield {"config": config, "samplers": samplers, "curriculum": curriculum, "learner": learner}
+    for handle in [*samplers, curriculum, learner]:
+        ray.kill(handle)
+
+
+def test_curriculum_push_reaches_every_sampler(system):
+    samplers, curriculum = system["samplers"], system["curriculum"]
+    assert [s["horizon"] for s in ray.get([s.state.remote() for s in samplers])] == [2, 2]
+    assert ray.get(curriculum.start_iteration.remote(1)) == {"horizon": 2, "changed": False}
+    assert ray.get(curriculum.start_iteration.remote(2)) == {"horizon": 3, "changed": True}
+    assert [s["horizon"] for s in ray.get([s.state.remote() for s in samplers])] == [3, 3]
+    refs = ray.get(samplers[1].collect.remote([EpisodeRequest(task_id=121, group=0)]))
+    assert ray.get(refs[0]).horizon == 3
+
+
+def test_rollout_update_and_weight_sync(system):
+    samplers, learner = system["samplers"], system["learner"]
+    ray.get(system["curriculum"].start_iteration.remote(0))
+    requests = [EpisodeRequest(task_id=t, group=g) for g, t in enumerate([121, 122]) for _ in range(2)]
+    refs = ray.get(samplers[0].collect.remote(requests))
+    assert all(isinstance(ref, ray.ObjectRef) for ref in refs)
+    trajectories = ray.get(refs)
+    assert [(t.task_id, t.group) for t in trajectories] == [(121, 0), (121, 0), (122, 1), (122, 1)]
+    for trajectory in trajectories:
+        assert trajectory.weights_version == 0
+        assert 1 <= trajectory.num_turns <= 2
+        sampled = {i for start, end in trajectory.turn_spans for i in range(start, end)}
+        assert {i for i, m in enumerate(trajectory.loss_mask) if m} == sampled
+    stats = ray.get(samplers[0].state.remote())
+    assert stats["generated_tokens"] == sum(t.num_sampled_tokens for t in trajectories)
+    # Episodes waiting together were generated together.
+    assert stats["generate_calls"] < sum(t.num_turns for t in trajectories)
+
+    before = ray.get(learner.publish_weights.remote())
+    metrics = ray.get(learner.update.remote(refs))
+    # The learner scores exactly the ids the sampler sampled: its log-probabilities agree.
+    assert metrics["learner/sampler_logprob_abs_diff"] < 1e-3
+    assert metrics["learner/tokens"] == sum(t.num_sampled_tokens for t in trajectories)
+    assert metrics["learner/grad_norm"] > 0
+    after = ray.get(learner.publish_weights.remote())
+    old, new = ray.get(before[0]), ray.get(after[0])
+    assert (old.version, new.version) == (0, 1)
+    changed = [name for name in old.arrays if not (old.arrays[name] == new.arrays[name]).all()]
+    assert changed, "no parameter changed after the update"
+
+    versions = ray.get([s.load_weights.remote(after) for s in samplers])
+    assert versions == [1, 1]
+    assert [s["weights_version"] for s in ray.get([s.state.remote() for s in samplers])] == [1, 1]
+    next_refs = ray.get(samplers[1].collect.remote([EpisodeRequest(task_id=121, group=0)]))
+    assert ray.get(next_refs[0]).weights_version == 1

@@ -1,0 +1,80 @@
+from pathlib import Path
+
+import pytest
+
+from configs import Config, ConfigError, dump_config, load_config
+from configs.loader import parse_override
+
+
+def test_quickstart_preset_loads_with_defaults_for_missing_keys():
+    config = load_config()
+    assert config.model.name == "smollm2-135m-instruct"
+    assert config.env.name == "babyai"
+    assert config.curriculum.schedule == "stepwise"
+
+
+@pytest.mark.parametrize(
+    ("override", "path", "expected"),
+    [
+        ("trainer.iterations=2", ("trainer", "iterations"), 2),
+        ("learner.lr=3e-5", ("learner", "lr"), 3e-5),
+        ("curriculum.horizons=[2, 4]", ("curriculum", "horizons"), [2, 4]),
+        ("model.name=tiny-random", ("model", "name"), "tiny-random"),
+        ("logging.progress=false", ("logging", "progress"), False),
+    ],
+)
+def test_overrides_are_parsed_as_yaml_values(override, path, expected):
+    config = load_config(None, [override])
+    section, key = path
+    assert getattr(getattr(config, section), key) == expected
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("trainer.iterationz=2", "trainer.iterationz"),
+        ("bogus.key=1", "bogus"),
+        ("sampler.sampling.temprature=0.5", "sampler.sampling.temprature"),
+    ],
+)
+def test_unknown_key_error_names_the_key(override, named):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    assert named in str(info.value)
+    assert "unknown key" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("trainer.iterations=0", "trainer.iterations"),
+        ("sampler.sampling.temperature=-1", "sampler.sampling.temperature"),
+        ("curriculum.horizons=[10, 5]", "horizons"),
+        ("sampler.engine=vllm", "vllm"),
+        ("learner.backend=deepspeed", "deepspeed"),
+        ("algorithm.group_size=abc", "algorithm.group_size"),
+    ],
+)
+def test_bad_values_are_rejected_with_the_field_named(override, named):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [override])
+    assert named in str(info.value)
+
+
+def test_malformed_override_and_missing_file_are_explained(tmp_path: Path):
+    with pytest.raises(ConfigError, match="section.key=value"):
+        parse_override("trainer.iterations")
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("run: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_dumped_config_loads_back_identically(tmp_path: Path):
+    config = load_config(None, ["run.seed=7", "curriculum.horizons=[1, 2, 3]"])
+    saved = tmp_path / "config.yaml"
+    saved.write_text(dump_config(config))
+    assert load_config(saved) == config
+    assert Config.model_validate(config.model_dump()) == config

@@ -1,0 +1,23 @@
+import torch
+
+from actors.models import load_model
+from learner.forward import masked_token_outputs
+
+
+def test_masked_scoring_equals_a_full_forward():
+    model = load_model("tiny-random")
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(0, 1000, (2, 12), generator=generator)
+    attention = torch.ones_like(input_ids)
+    attention[1, 9:] = 0
+    mask = torch.zeros(2, 11)
+    mask[0, 3:7] = 1
+    mask[1, 2:5] = 1
+    with torch.no_grad():
+        full = torch.log_softmax(model(input_ids=input_ids, attention_mask=attention).logits.float(), -1)
+        expected = full[:, :-1].gather(-1, input_ids[:, 1:, None]).squeeze(-1) * mask
+        entropy = -(full.exp() * full).sum(-1)[:, :-1] * mask
+        out = masked_token_outputs(model, input_ids, attention, mask, entropy=True)
+    assert torch.allclose(out["logprobs"], expected, atol=1e-5)
+    assert torch.allclose(out["entropy"], entropy, atol=1e-4)
+    assert (out["logprobs"][mask == 0] == 0).all()
