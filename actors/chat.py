@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase
 
-_SYSTEM, _USER, _REPLY, _NEXT = "\x1esystem-probe\x1e", "\x1euser-probe\x1e", "\x1ereply-probe\x1e", "\x1enext-probe\x1e"
+_SYSTEM, _USER, _REPLY, _NEXT = (
+    "\x1esystem-probe\x1e",
+    "\x1euser-probe\x1e",
+    "\x1ereply-probe\x1e",
+    "\x1enext-probe\x1e",
+)
 
 
 class TemplateError(ValueError):
@@ -50,9 +55,7 @@ class ChatFormat:
         self.user_prefix, _, self.user_suffix = user_text.partition(_NEXT)
 
     def render(self, messages: list[dict[str, str]], *, add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt, tokenize=False
-        )
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -15,8 +15,8 @@ import structlog  # noqa: E402
 
 from actors.logs import configure_logging  # noqa: E402
 from actors.models import ModelError  # noqa: E402
-from configs import ConfigError  # noqa: E402
 from actors.trainer import TrainError, prepare_run, train  # noqa: E402
+from configs import ConfigError  # noqa: E402
 from envs import EnvError, env_class, make, names  # noqa: E402
 
 log = structlog.get_logger()
@@ -55,7 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_train = sub.add_parser("train", help="train a policy (default config: configs/quickstart.yaml)")
     p_train.add_argument("config", nargs="?", default=None, help="YAML config file or preset name")
     p_train.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key, e.g. trainer.iterations=2"
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. trainer.iterations=2",
     )
     p_train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
     p_train.set_defaults(func=cmd_train)

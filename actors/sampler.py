@@ -9,6 +9,7 @@ arriving meanwhile) and hands the results back. A slow environment delays only i
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from dataclasses import dataclass
 
@@ -46,7 +47,7 @@ class SamplerActor:
     """
 
     def __init__(self, *, index: int, model: ModelConfig, sampler: SamplerConfig, env: EnvConfig, seed: int) -> None:
-        torch.set_num_threads(max(1, round(sampler.num_cpus)))
+        torch.set_num_threads(sampler.num_threads or os.cpu_count() or 1)
         self.index = index
         self.config = sampler
         self.env_config = env
@@ -96,7 +97,12 @@ class SamplerActor:
 
     async def state(self) -> dict:
         """Horizon, weights version and generation counters of this sampler."""
-        return {"index": self.index, "horizon": self.horizon, "weights_version": self.engine.weights_version, **self.stats}
+        return {
+            "index": self.index,
+            "horizon": self.horizon,
+            "weights_version": self.engine.weights_version,
+            **self.stats,
+        }
 
     async def collect(self, requests: list[EpisodeRequest]) -> list[ray.ObjectRef]:
         """Play one episode per request concurrently; return the trajectories as ObjectRefs, in order.

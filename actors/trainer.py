@@ -208,14 +208,18 @@ class Trainer:
             self._restore()
         last: dict = {}
         show = cfg.logging.progress
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.fields[status]}"),
-            transient=False,
-        ) if show else nullcontext() as progress:
+        with (
+            Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.fields[status]}"),
+                transient=False,
+            )
+            if show
+            else nullcontext() as progress
+        ):
             overall = None
             if progress is not None:
                 overall = progress.add_task(
@@ -297,4 +301,3 @@ def train(config: Config, run_dir: RunDir, *, resume: bool = False) -> dict:
         return Trainer(config, run_dir, resume=resume).run()
     finally:
         ray.shutdown()
-

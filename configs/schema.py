@@ -24,7 +24,8 @@ class RunConfig(Section):
 class ModelConfig(Section):
     name: str = Field(
         "smollm2-135m-instruct",
-        description="A built-in model (`smollm2-135m-instruct`, `tiny-random`) or a local Hugging Face model directory.",
+        description="A built-in model (`smollm2-135m-instruct`, `tiny-random`) or a local Hugging Face "
+        "model directory.",
     )
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Parameter dtype for sampler and learner.")
 
@@ -53,6 +54,12 @@ class SamplerConfig(Section):
         2048, ge=16, description="Episode token budget; an episode that would exceed it ends with truncated=True."
     )
     num_cpus: float = Field(0.5, gt=0.0, description="CPUs reserved by each sampler actor.")
+    num_threads: int = Field(
+        0,
+        ge=0,
+        description="torch intra-op threads; 0 = every core of the node (right in sync mode, where "
+        "rollout and update take turns).",
+    )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling parameters.")
 
     @model_validator(mode="after")
@@ -70,7 +77,9 @@ class AlgorithmConfig(Section):
     )
     group_size: int = Field(4, ge=1, description="Episodes sampled per task (the GRPO group).")
     clip_eps: float = Field(0.2, gt=0.0, description="PPO-style ratio clip epsilon.")
-    kl_coef: float = Field(0.001, ge=0.0, description="Weight of the KL-to-reference loss term (0 disables the reference).")
+    kl_coef: float = Field(
+        0.001, ge=0.0, description="Weight of the KL-to-reference loss term (0 disables the reference)."
+    )
     entropy_coef: float = Field(0.0, ge=0.0, description="Weight of the entropy bonus.")
     adv_eps: float = Field(1e-6, gt=0.0, description="Added to the group std when normalising advantages.")
 
@@ -83,18 +92,28 @@ class LearnerConfig(Section):
     grad_clip: float = Field(1.0, gt=0.0, description="Global gradient-norm clip.")
     micro_batch_size: int = Field(4, ge=1, description="Trajectories per forward/backward; gradients accumulate.")
     num_cpus: float = Field(1.0, gt=0.0, description="CPUs reserved by each learner actor.")
+    num_threads: int = Field(
+        0,
+        ge=0,
+        description="torch intra-op threads; 0 = every core of the node (right in sync mode, where "
+        "rollout and update take turns).",
+    )
 
     @model_validator(mode="after")
     def _backend_available(self) -> LearnerConfig:
         if self.backend == "deepspeed":
-            raise ValueError("learner.backend='deepspeed' is not available in this version; use learner.backend='torch'")
+            raise ValueError(
+                "learner.backend='deepspeed' is not available in this version; use learner.backend='torch'"
+            )
         if self.count != 1:
             raise ValueError("learner.count > 1 needs the deepspeed backend, which this version does not have; set 1")
         return self
 
 
 class CurriculumConfig(Section):
-    schedule: Literal["fixed", "stepwise"] = Field("fixed", description="Horizon schedule (ScalingInter-RL is `stepwise`).")
+    schedule: Literal["fixed", "stepwise"] = Field(
+        "fixed", description="Horizon schedule (ScalingInter-RL is `stepwise`)."
+    )
     horizon: int = Field(10, ge=1, description="Max turns per episode for the `fixed` schedule.")
     horizons: list[int] = Field(
         default_factory=lambda: [5, 10, 15], description="Horizons of the `stepwise` schedule, in order."
@@ -113,7 +132,9 @@ class CurriculumConfig(Section):
 
 class TrainerConfig(Section):
     iterations: int = Field(100, ge=1, description="Training iterations (rollout + update each).")
-    tasks_per_iteration: int = Field(4, ge=1, description="Distinct tasks per iteration; each is played group_size times.")
+    tasks_per_iteration: int = Field(
+        4, ge=1, description="Distinct tasks per iteration; each is played group_size times."
+    )
     mode: Literal["sync"] = Field("sync", description="Rollout/training overlap; `sync` alternates them.")
     checkpoint_every: int = Field(10, ge=1, description="Save a checkpoint every N iterations (and after the last).")
 

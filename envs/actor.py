@@ -36,7 +36,9 @@ class EnvHost:
         self.env.close()
 
 
-def create_env_actor(name: str, options: dict[str, Any] | None = None, *, num_cpus: float = 0.05) -> ray.actor.ActorHandle:
+def create_env_actor(
+    name: str, options: dict[str, Any] | None = None, *, num_cpus: float = 0.05
+) -> ray.actor.ActorHandle:
     """Start an ``EnvActor`` for env ``name``; Ray restarts it (up to 3 times) if its process dies."""
     actor_cls = ray.remote(EnvHost).options(num_cpus=num_cpus, max_restarts=3, name=None)
     return actor_cls.remote(name, options)

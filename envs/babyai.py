@@ -12,25 +12,40 @@ Splits (deterministic)
 
 Observations
     ``reset`` returns ``Your goal: <mission>\\n<description>\\nAvailable actions: [...]``; every step
-    returns ``<text>\\nAvailable actions: [...]`` where the text is the new description, the answer
-    to ``check available actions``, or why the action could not be taken. The description is
-    egocentric and built only from the cells the agent can see: objects sorted by distance, the
-    nearest wall or box straight ahead, and what the agent carries.
+    returns ``<text>\\nAvailable actions: [...]`` where the text is the new description (plus
+    "The task is completed." on success), the answer to ``check available actions``, or why the
+    action could not be taken. The description is egocentric and built only from the cells the
+    agent can see: objects sorted by distance, the nearest wall or box straight ahead, and what
+    the agent carries. As in AgentGym, "then" and "after you" in the mission read "and".
 
 Actions
     High-level actions ("go to red ball 1", "toggle and go through blue closed door 1", ...) expand
     to minigrid primitives through a breadth-first search over (cell, direction) restricted to the
-    visible cells. The primitives run one by one; the macro stops early when a primitive changes
-    nothing, or when the episode ends.
+    visible cells, avoiding walls, boxes, balls, keys, lava and closed doors. The primitives run
+    one by one; the macro stops early when a primitive changes nothing, or when the episode ends.
+    Where AgentGym is inconsistent this module is not: the k in "red ball k" is always the rank in
+    the description, and "drop" needs an empty cell ahead. One action is added: "toggle" also
+    closes an open door directly ahead (the bot below sometimes wants that).
+
+Reward and end
+    Minigrid's reward, paid only on success: ``1 - 0.9 * step_count / max_steps`` with minigrid's
+    own per-level ``max_steps``. A step's reward is what its primitives earned. The episode ends
+    when minigrid terminates (success or a failed mission) or truncates, or after the ``max_steps``
+    option's primitive steps when it is set.
 
 Oracle
     ``oracle_action`` follows minigrid's ``BabyAIBot``. The bot sees every primitive step, whoever
     chose it, so it stays in sync with the env; its next primitive is mapped to the available
     high-level action whose expansion is exactly that primitive. Under AgentGym's action set (which
     cannot open boxes) KeyInBox is unsolvable, and the bot itself does not solve
-    PutNextS7N4Carrying.
+    PutNextS7N4Carrying. On a few seeds (and more often after an agent's detours) the bot fails or
+    would loop forever; the oracle then raises EnvError for the rest of the episode.
 
-Minigrid 3.x registers GoToObjS6 only as ``BabyAI-GoToObjS6-v1`` (the same level, room size 6).
+Minigrid quirks (3.2.0)
+    GoToObjS6 is registered only as ``BabyAI-GoToObjS6-v1`` (the same level, room size 6).
+    OpenDoorsOrderN4Debug cannot be won when its mission names two doors: the verifier re-checks
+    the toggle that opened the first door against the second one and, in the strict Debug mode,
+    fails the mission. Only its single-door missions are winnable.
 """
 
 from __future__ import annotations
@@ -129,6 +144,31 @@ _INSTRUCTION = (
     "Action: <one action copied exactly from the available actions>\n"
     f'Give one action per turn. Use "{CHECK_ACTIONS}" if you are unsure what you can do.'
 )
+
+
+class _BotStuck(Exception):
+    """The BabyAI bot kept replanning without settling on an action."""
+
+
+class _BoundedStack(list):
+    """The bot's subgoal stack, with a cap on the subgoals pushed during one ``replan``.
+
+    ``BabyAIBot.replan`` loops until a subgoal yields an action. From some states an agent can
+    reach (the bot also advises on actions it did not choose), two subgoals replace each other
+    forever; every such cycle pushes, so counting pushes turns the hang into an error.
+    """
+
+    limit = 100
+
+    def __init__(self, items: list[Any]) -> None:
+        super().__init__(items)
+        self.pushes = 0
+
+    def append(self, item: Any) -> None:
+        self.pushes += 1
+        if self.pushes > self.limit:
+            raise _BotStuck(f"no action after {self.limit} subgoals")
+        super().append(item)
 
 
 def gym_id(level: str) -> str:
@@ -234,11 +274,15 @@ class BabyAIEnv(TextEnv):
             description="End the episode after this many primitive minigrid steps; 0 keeps only "
             "minigrid's own per-level limit.",
         )
+        oracle: bool = Field(
+            default=True,
+            description="Run minigrid's BabyAI bot alongside every episode so that `oracle_action` can "
+            "advise; training envs can turn it off to save its per-step planning.",
+        )
         test_seeds: int = Field(
             default=3,
             ge=1,
-            description="Seeds per level held out for the test split; the train split uses the "
-            "next 1000 seeds.",
+            description="Seeds per level held out for the test split; the train split uses the next 1000 seeds.",
         )
 
         @field_validator("levels")
@@ -288,11 +332,7 @@ class BabyAIEnv(TextEnv):
         else:
             raise EnvError(f"unknown split {split!r}; valid splits: train, test")
         n = len(LEVELS)
-        return [
-            task_id
-            for task_id in range(seeds.start * n, seeds.stop * n)
-            if LEVELS[task_id % n] in self._levels
-        ]
+        return [task_id for task_id in range(seeds.start * n, seeds.stop * n) if LEVELS[task_id % n] in self._levels]
 
     def reset(self, task_id: int) -> Observation:
         """Start task ``task_id``: level ``LEVELS[task_id % 40]`` with seed ``task_id // 40``."""
@@ -317,8 +357,10 @@ class BabyAIEnv(TextEnv):
         self._primitive_steps = 0
         # AgentGym rewrites sequencing words so that the goal reads as a plain conjunction.
         self._mission = self._env.unwrapped.mission.replace("then", "and").replace("after you", "and")
-        self._bot = BabyAIBot(self._env)
-        self._bot_failure = ""
+        self._bot = BabyAIBot(self._env) if self.options.oracle else None
+        if self._bot is not None:
+            self._bot.stack = _BoundedStack(self._bot.stack)
+        self._bot_failure = "" if self.options.oracle else "the oracle is off (env option oracle: false)"
         self._bot_next = None
         self._bot_observe(None)
         self._view = self._perceive()
@@ -330,12 +372,10 @@ class BabyAIEnv(TextEnv):
 
     def parse_action(self, model_text: str) -> str | InvalidAction:
         """The normalised text after the last ``Action:`` (first non-empty line), or InvalidAction."""
-        last = None
-        for last in _ACTION_PATTERN.finditer(model_text):
-            pass
-        if last is None:
+        matches = list(_ACTION_PATTERN.finditer(model_text))
+        if not matches:
             return InvalidAction(reason=NO_ACTION_FOUND)
-        lines = (line.strip() for line in model_text[last.end() :].splitlines())
+        lines = (line.strip() for line in model_text[matches[-1].end() :].splitlines())
         action = next((line for line in lines if line), "")
         action = action.strip().strip(_QUOTES).strip()
         action = action.rstrip(".").strip().strip(_QUOTES).strip()
@@ -391,8 +431,7 @@ class BabyAIEnv(TextEnv):
             if primitives == [self._bot_next]:
                 return action
         raise EnvError(
-            f"the BabyAI bot wants primitive {Actions(self._bot_next).name!r}, "
-            "which no available action performs"
+            f"the BabyAI bot wants primitive {Actions(self._bot_next).name!r}, which no available action performs"
         )
 
     def oracle_episode(self, task_id: int) -> list[str]:
@@ -467,11 +506,12 @@ class BabyAIEnv(TextEnv):
         """Let the bot see the state after ``primitive`` (None right after reset) and replan."""
         if self._bot is None:
             return
+        self._bot.stack.pushes = 0
         try:
             self._bot_next = int(self._bot.replan(primitive))
         except Exception as exc:  # noqa: BLE001
-            # The bot asserts (or raises DisappearedBoxError) on states it cannot plan from; that
-            # must never break the episode itself, only the oracle.
+            # The bot asserts, raises DisappearedBoxError or gets stuck (_BotStuck) on states it
+            # cannot plan from; that must never break the episode itself, only the oracle.
             self._bot = None
             self._bot_next = None
             self._bot_failure = f"{type(exc).__name__}: {exc}"
@@ -530,9 +570,7 @@ class BabyAIEnv(TextEnv):
                 rel = (x - pos[0], y - pos[1])
                 front = int(np.dot(f_vec, rel))
                 right = int(np.dot(r_vec, rel))
-                if cell is None or not (
-                    cell.type in _BLOCKING_TYPES or (cell.type == "door" and not cell.is_open)
-                ):
+                if cell is None or not (cell.type in _BLOCKING_TYPES or (cell.type == "door" and not cell.is_open)):
                     passable.add((x, y))
                 if cell is None:
                     continue

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -36,7 +37,7 @@ class LearnerActor:
     """
 
     def __init__(self, *, model: ModelConfig, learner: LearnerConfig, algorithm: AlgorithmConfig, seed: int) -> None:
-        torch.set_num_threads(max(1, round(learner.num_cpus)))
+        torch.set_num_threads(learner.num_threads or os.cpu_count() or 1)
         torch.manual_seed(seed)
         self.config = learner
         self.tokenizer = load_tokenizer(model.name)

@@ -42,9 +42,7 @@ class TransformersEngine(Engine):
         pad_token_id: id used for left padding (never sampled into results).
     """
 
-    def __init__(
-        self, *, model_name: str, dtype: str, seed: int, stop_token_ids: list[int], pad_token_id: int
-    ) -> None:
+    def __init__(self, *, model_name: str, dtype: str, seed: int, stop_token_ids: list[int], pad_token_id: int) -> None:
         self.model = load_model(model_name, dtype)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.model.to(self.device)

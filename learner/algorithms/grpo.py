@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing_extensions import override
-
 import torch
+from typing_extensions import override
 
 from learner.algorithms.base import (
     ADVANTAGES,

@@ -12,11 +12,16 @@ from transformers import AutoModelForCausalLM
 REPO = Path(__file__).resolve().parents[2]
 CLI = Path(sys.executable).parent / "agentgym-rl"
 TINY = [
-    "--set", "model.name=tiny-random",
-    "--set", "sampler.sampling.max_new_tokens=16",
-    "--set", "curriculum.horizons=[2, 3]",
-    "--set", "curriculum.advance_every=2",
-    "--set", "trainer.checkpoint_every=2",
+    "--set",
+    "model.name=tiny-random",
+    "--set",
+    "sampler.sampling.max_new_tokens=16",
+    "--set",
+    "curriculum.horizons=[2, 3]",
+    "--set",
+    "curriculum.advance_every=2",
+    "--set",
+    "trainer.checkpoint_every=2",
 ]
 
 
@@ -30,7 +35,9 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def test_train_two_iterations_then_resume_to_three(tmp_path: Path):
     run_dir = tmp_path / "runs" / "tiny"
     common = [*TINY, "--set", f"run.dir={tmp_path / 'runs'}", "--set", "run.name=tiny"]
-    first = run_cli("train", str(REPO / "configs" / "quickstart.yaml"), *common, "--set", "trainer.iterations=2", cwd=tmp_path)
+    first = run_cli(
+        "train", str(REPO / "configs" / "quickstart.yaml"), *common, "--set", "trainer.iterations=2", cwd=tmp_path
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     assert "finished iteration 1" in first.stdout
 

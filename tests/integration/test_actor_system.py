@@ -34,8 +34,10 @@ def system(ray_local):
     ]
     curriculum = ray.remote(CurriculumActor).options(num_cpus=0).remote(config.curriculum)
     ray.get(curriculum.register.remote(samplers))
-    learner = ray.remote(LearnerActor).options(num_cpus=config.learner.num_cpus).remote(
-        model=config.model, learner=config.learner, algorithm=config.algorithm, seed=0
+    learner = (
+        ray.remote(LearnerActor)
+        .options(num_cpus=config.learner.num_cpus)
+        .remote(model=config.model, learner=config.learner, algorithm=config.algorithm, seed=0)
     )
     yield {"config": config, "samplers": samplers, "curriculum": curriculum, "learner": learner}
     for handle in [*samplers, curriculum, learner]:

@@ -302,7 +302,13 @@ def test_unknown_level_lists_valid_levels() -> None:
 
 @pytest.mark.parametrize(
     ("task_id", "message"),
-    [(-1, "non-negative"), ("3", "integer"), (2.0, "integer"), (True, "integer"), (40 * 5 + 1, "GoToRedBall")],
+    [
+        (-1, "non-negative"),
+        ("3", "integer"),
+        (2.0, "integer"),
+        (True, "integer"),
+        (40 * 5 + 1, "not among the configured levels: GoToRedBallGrey"),
+    ],
 )
 def test_bad_task_ids_raise_env_error(task_id: object, message: str) -> None:
     env = BabyAIEnv(levels=["GoToRedBallGrey"])
@@ -329,3 +335,14 @@ def test_max_steps_ends_the_episode_without_success() -> None:
     assert "step limit" in result.observation
     with pytest.raises(EnvError, match="episode is over"):
         env.step("Action: turn left")
+
+
+def test_oracle_off_plays_the_same_episode_without_the_bot():
+    with_bot = BabyAIEnv(levels=["GoToRedBall"])
+    without = BabyAIEnv(levels=["GoToRedBall"], oracle=False)
+    task = with_bot.tasks("test")[0]
+    assert with_bot.reset(task).text == without.reset(task).text
+    for action in ["Action: turn left", "Action: move forward", "Action: turn right"]:
+        assert with_bot.step(action).observation == without.step(action).observation
+    with pytest.raises(EnvError, match="oracle is off"):
+        without.oracle_action()
