@@ -1,5 +1,33 @@
-"""The learner: algorithms (plug-in API), batching, losses and the Ray learner actor."""
+"""The learner: algorithms (plug-in API), advantage estimators, losses, batching and the learner actor."""
 
-from learner.algorithms import GRPO, Algorithm, algorithm_names, register_algorithm, resolve_algorithm
+from learner.algorithms import (
+    GRPO,
+    PPO,
+    RLOO,
+    SFT,
+    Algorithm,
+    AlgorithmParams,
+    PolicyGradient,
+    PolicyGradientParams,
+    ReinforcePP,
+    algorithm_names,
+    build_algorithm,
+    register_algorithm,
+    resolve_algorithm,
+)
 
-__all__ = ["GRPO", "Algorithm", "algorithm_names", "register_algorithm", "resolve_algorithm"]
+__all__ = [
+    "GRPO",
+    "PPO",
+    "RLOO",
+    "SFT",
+    "Algorithm",
+    "AlgorithmParams",
+    "PolicyGradient",
+    "PolicyGradientParams",
+    "ReinforcePP",
+    "algorithm_names",
+    "build_algorithm",
+    "register_algorithm",
+    "resolve_algorithm",
+]

@@ -1,7 +1,8 @@
-"""``LearnerActor``: owns the trainable policy, updates it from trajectories, publishes weights."""
+"""``LearnerActor``: owns the trainable policy (and critic), updates it from trajectories, publishes weights."""
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from pathlib import Path
@@ -14,11 +15,22 @@ from actors.models import load_model, load_tokenizer
 from actors.trajectory import Trajectory
 from actors.weights import pack_state_dict
 from configs.schema import AlgorithmConfig, LearnerConfig, ModelConfig
-from learner.algorithms import resolve_algorithm
-from learner.algorithms.base import ADVANTAGES, LOGPROBS, LOSS_MASK, OLD_LOGPROBS, REF_LOGPROBS
-from learner.batching import collate, select_rows
-from learner.forward import masked_token_outputs
+from learner.algorithms import build_algorithm
+from learner.algorithms.base import (
+    ADVANTAGES,
+    LOGPROBS,
+    LOSS_MASK,
+    OLD_LOGPROBS,
+    OLD_VALUES,
+    REF_LOGPROBS,
+    VALUES,
+)
+from learner.backends import DeepSpeedBackend, TorchBackend
+from learner.batching import collate, pack, plan_rows, select_rows, unpack_targets
+from learner.forward import ValueModel, masked_token_outputs
+from learner.lora import adapter_state_dict, apply_lora, is_lora, load_adapter_state_dict, merged_state_dict
 from learner.losses import masked_mean
+from learner.schedule import lr_multiplier
 
 log = structlog.get_logger()
 
@@ -32,124 +44,292 @@ class LearnerActor:
     Args:
         model: model section (the policy and, when the algorithm needs one, the frozen reference).
         learner: learner section.
-        algorithm: algorithm section.
-        seed: the run seed.
+        algorithm: algorithm section (name, group_size and the algorithm's hyperparameters).
+        seed: the run seed (init of new heads, minibatch shuffling).
+        total_updates: optimizer steps the run will take (for the LR schedule); 0 if unknown.
+        rank, world_size, master_addr, master_port: this learner's place in the DeepSpeed process
+            group (``learner.backend: deepspeed``); ignored by the torch backend.
     """
 
-    def __init__(self, *, model: ModelConfig, learner: LearnerConfig, algorithm: AlgorithmConfig, seed: int) -> None:
+    def __init__(
+        self,
+        *,
+        model: ModelConfig,
+        learner: LearnerConfig,
+        algorithm: AlgorithmConfig,
+        seed: int,
+        total_updates: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        master_addr: str = "127.0.0.1",
+        master_port: int = 0,
+    ) -> None:
         torch.set_num_threads(learner.num_threads or os.cpu_count() or 1)
         torch.manual_seed(seed)
         self.config = learner
         self.tokenizer = load_tokenizer(model.name)
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.algorithm = build_algorithm(algorithm.name, algorithm.model_extra or {})
+        self.model_config = model
         self.policy = load_model(model.name, model.dtype)
+        if learner.gradient_checkpointing:
+            # transformers 5 renamed the switch; older releases only have the first name.
+            enable = getattr(self.policy, "activation_checkpointing_enable", None)
+            (enable or self.policy.gradient_checkpointing_enable)()
+            self.policy.config.use_cache = False
+            if learner.lora.enabled:  # checkpointed blocks need an input that requires grad
+                self.policy.enable_input_require_grads()
+        if learner.lora.enabled:
+            self.policy = apply_lora(self.policy, learner.lora)
         self.policy.train()
-        self.algorithm = resolve_algorithm(algorithm.name)(algorithm)
         self.reference = None
         if self.algorithm.needs_reference:
-            self.reference = load_model(model.name, model.dtype)
-            self.reference.requires_grad_(False)
-        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=learner.lr, weight_decay=learner.weight_decay)
+            self.reference = load_model(model.name, model.dtype).requires_grad_(False)
+        self.critic = None
+        groups = [{"params": [p for p in self.policy.parameters() if p.requires_grad], "lr": learner.lr}]
+        if self.algorithm.needs_critic:
+            self.critic = ValueModel(load_model(model.name, model.dtype))
+            self.critic.train()
+            critic_lr = getattr(self.algorithm.config, "critic_lr", None) or learner.lr
+            groups.append({"params": list(self.critic.parameters()), "lr": critic_lr})
+        self.optimizer = torch.optim.AdamW(groups, lr=learner.lr, weight_decay=learner.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            functools.partial(
+                lr_multiplier,
+                warmup_steps=learner.warmup_steps,
+                total_steps=total_updates,
+                schedule=learner.lr_schedule,
+            ),
+        )
+        modules = torch.nn.ModuleDict({"policy": self.policy})
+        if self.critic is not None:
+            modules["critic"] = self.critic
+        if learner.backend == "deepspeed":
+            self.backend = DeepSpeedBackend(
+                modules,
+                self.optimizer,
+                self.scheduler,
+                grad_clip=learner.grad_clip,
+                zero_stage=learner.zero_stage,
+                rank=rank,
+                world_size=world_size,
+                master_addr=master_addr,
+                master_port=master_port,
+            )
+        else:
+            self.backend = TorchBackend(modules, self.optimizer, self.scheduler, grad_clip=learner.grad_clip)
+        self.shuffle = torch.Generator().manual_seed(seed)
         self.version = 0
         self.num_parameters = sum(p.numel() for p in self.policy.parameters())
+        self.num_trainable = sum(p.numel() for group in groups for p in group["params"])
 
     def describe(self) -> dict:
         """Derived numbers logged once at start."""
         return {
             "parameters": self.num_parameters,
+            "trainable_parameters": self.num_trainable,
             "algorithm": type(self.algorithm).__name__,
             "reference_model": self.reference is not None,
+            "critic": self.critic is not None,
         }
 
-    @torch.no_grad()
-    def _score(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Log-probabilities of the sampled tokens under ``model``, micro-batch by micro-batch. -> (B, L-1)"""
-        result = torch.zeros_like(batch[LOSS_MASK])
+    # ----------------------------------------------------------------------------- forward passes
+
+    def _micro_batches(self, batch: dict[str, torch.Tensor], indices: torch.Tensor) -> list[torch.Tensor]:
+        """Split ``indices`` into micro-batches: ``micro_batch_size`` sequences, or with packing the
+        sequences of ``micro_batch_size`` packed rows."""
         size = self.config.micro_batch_size
-        for start in range(0, result.shape[0], size):
-            part = select_rows(batch, slice(start, start + size))
-            scored = masked_token_outputs(
-                model, part["input_ids"], part["attention_mask"], part[LOSS_MASK], entropy=False
+        if not self.config.packing:
+            return [indices[i : i + size] for i in range(0, len(indices), size)]
+        lengths = batch["attention_mask"][indices].sum(-1).tolist()
+        rows = plan_rows(lengths, self.config.pack_tokens or max(lengths))
+        return [
+            indices[torch.tensor([i for row in rows[r : r + size] for i in row])] for r in range(0, len(rows), size)
+        ]
+
+    def _run(self, part: dict[str, torch.Tensor], call) -> dict[str, torch.Tensor]:
+        """Apply ``call(input_ids, attention_mask, target_mask, position_ids)`` to ``part``, packed or
+        padded; returns its per-target outputs in ``part``'s padded layout."""
+        mask = part[LOSS_MASK]
+        if not self.config.packing:
+            return call(part["input_ids"], part["attention_mask"], mask, None)
+        lengths = part["attention_mask"].sum(-1)
+        rows = plan_rows(
+            lengths.tolist(), int(lengths.max()) if not self.config.pack_tokens else self.config.pack_tokens
+        )
+        packed = pack(part["input_ids"], lengths, mask, rows, self.pad_token_id)
+        out = call(packed.input_ids, packed.attention_mask, packed.target_mask, packed.position_ids)
+        return {key: unpack_targets(value, packed, mask.shape) for key, value in out.items()}
+
+    def _policy_call(self, model: torch.nn.Module, entropy: bool):
+        def call(input_ids, attention_mask, target_mask, position_ids):
+            return masked_token_outputs(
+                model, input_ids, attention_mask, target_mask, entropy=entropy, position_ids=position_ids
             )
-            result[start : start + size, : part[LOSS_MASK].shape[1]] = scored[LOGPROBS]
+
+        return call
+
+    def _critic_call(self, input_ids, attention_mask, target_mask, position_ids):
+        return {VALUES: self.critic(input_ids, attention_mask, target_mask, position_ids)}
+
+    @torch.no_grad()
+    def _score(self, batch: dict[str, torch.Tensor], call, key: str) -> torch.Tensor:
+        """``key`` output of ``call`` for every target of ``batch``, micro-batch by micro-batch. -> (B, L-1)"""
+        result = torch.zeros_like(batch[LOSS_MASK])
+        for rows in self._micro_batches(batch, torch.arange(result.shape[0])):
+            part = select_rows(batch, rows)
+            result[rows, : part[LOSS_MASK].shape[1]] = self._run(part, call)[key]
         return result
 
+    # ----------------------------------------------------------------------------- update
+
     def update(self, trajectory_refs: list[ray.ObjectRef]) -> dict[str, float]:
-        """One optimisation step on the trajectories behind ``trajectory_refs``; returns metrics."""
+        """One iteration of optimisation on the trajectories behind ``trajectory_refs``; returns metrics."""
+        return self.update_batch(ray.get(trajectory_refs))
+
+    def update_batch(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        """One iteration of optimisation (``epochs`` x ``minibatches`` steps); returns metrics."""
         started = time.perf_counter()
-        trajectories: list[Trajectory] = ray.get(trajectory_refs)
-        batch = collate(trajectories, self.pad_token_id)
-        mask = batch[LOSS_MASK]
-        total_tokens = float(mask.sum())
-        metrics: dict[str, float] = {"learner/tokens": total_tokens, "learner/trajectories": float(len(trajectories))}
-        if total_tokens == 0:
+        batch = self.prepare(trajectories)
+        metrics: dict[str, float] = {
+            "learner/tokens": float(batch[LOSS_MASK].sum()),
+            "learner/trajectories": float(len(trajectories)),
+            "learner/sampler_logprob_abs_diff": float(
+                masked_mean((batch[OLD_LOGPROBS] - batch["sampler_logprobs"]).abs(), batch[LOSS_MASK])
+            ),
+            "learner/advantage_abs_mean": float(masked_mean(batch[ADVANTAGES].abs(), batch[LOSS_MASK])),
+        }
+        if metrics["learner/tokens"] == 0:
             log.warning("no sampled tokens in batch; skipping update", trajectories=len(trajectories))
             return metrics
 
-        # The data was sampled by the weights the learner holds now (sync mode), so their
-        # log-probabilities are the ratio denominators; recomputing them here (rather than trusting
-        # the sampler's) keeps the ratio exact whatever the sampling temperature.
-        self.policy.eval()
-        batch[OLD_LOGPROBS] = self._score(self.policy, batch)
-        if self.reference is not None:
-            batch[REF_LOGPROBS] = self._score(self.reference, batch)
-        batch[ADVANTAGES] = self.algorithm.compute_advantages(batch)
-        self.policy.train()
-        metrics["learner/sampler_logprob_abs_diff"] = float(
-            masked_mean((batch[OLD_LOGPROBS] - batch["sampler_logprobs"]).abs(), mask)
-        )
-        metrics["learner/advantage_abs_mean"] = float(masked_mean(batch[ADVANTAGES].abs(), mask))
-
-        self.optimizer.zero_grad(set_to_none=True)
-        summed: dict[str, float] = {}
-        size = self.config.micro_batch_size
-        for start in range(0, mask.shape[0], size):
-            part = select_rows(batch, slice(start, start + size))
-            part_tokens = float(part[LOSS_MASK].sum())
-            if part_tokens == 0:
-                continue
-            forward_out = masked_token_outputs(
-                self.policy, part["input_ids"], part["attention_mask"], part[LOSS_MASK], entropy=True
-            )
-            loss, part_metrics = self.algorithm.compute_loss(part, forward_out)
-            # Weight each micro-batch by its share of sampled tokens: the sum is the batch token-mean.
-            (loss * (part_tokens / total_tokens)).backward()
-            part_metrics["learner/loss"] = float(loss.detach())
-            for key, value in part_metrics.items():
-                summed[key] = summed.get(key, 0.0) + value * part_tokens / total_tokens
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.config.grad_clip)
-        self.optimizer.step()
+        step_metrics: list[dict[str, float]] = []
+        n = len(trajectories)
+        for _ in range(self.config.epochs):
+            order = torch.randperm(n, generator=self.shuffle)
+            for minibatch in order.tensor_split(min(self.config.minibatches, n)):
+                step_metrics.append(self._step(batch, minibatch))
         self.version += 1
-
-        metrics.update(summed)
-        metrics["learner/grad_norm"] = float(grad_norm)
+        for key in step_metrics[0]:
+            metrics[key] = sum(m[key] for m in step_metrics) / len(step_metrics)
+        metrics["learner/optimizer_steps"] = float(len(step_metrics))
+        metrics["learner/lr"] = self.optimizer.param_groups[0]["lr"]
         metrics["learner/param_norm"] = float(
             torch.sqrt(sum((p.detach().float() ** 2).sum() for p in self.policy.parameters()))
         )
         metrics["time/update_s"] = time.perf_counter() - started
         return metrics
 
+    def prepare(self, trajectories: list[Trajectory]) -> dict[str, torch.Tensor]:
+        """Collate ``trajectories`` and add old/reference log-probabilities, old values and advantages."""
+        batch = collate(trajectories, self.pad_token_id)
+        # The ratio denominators are scored by the learner's own weights before any step (the data
+        # was sampled by these weights in sync mode); this keeps the ratio exact at any temperature.
+        self.policy.eval()
+        batch[OLD_LOGPROBS] = self._score(batch, self._policy_call(self.policy, False), LOGPROBS)
+        if self.reference is not None:
+            batch[REF_LOGPROBS] = self._score(batch, self._policy_call(self.reference, False), LOGPROBS)
+        if self.critic is not None:
+            batch[OLD_VALUES] = self._score(batch, self._critic_call, VALUES)
+        self.policy.train()
+        batch[ADVANTAGES] = self.algorithm.compute_advantages(batch)
+        return batch
+
+    def _weight(self, mask: torch.Tensor) -> float:
+        """A micro-batch's share unit under the algorithm's aggregation: tokens, or episodes with tokens."""
+        if self.algorithm.config.aggregation == "token_mean":
+            return float(mask.sum())
+        return float((mask.sum(-1) > 0).sum())
+
+    def _step(self, batch: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, float]:
+        """Accumulate the gradient of minibatch ``rows``, clip it and take one optimizer step."""
+        summed = self.accumulate_gradients(batch, rows)
+        summed["learner/grad_norm"] = self.backend.step()
+        return summed
+
+    def accumulate_gradients(self, batch: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, float]:
+        """Set ``.grad`` to the gradient of the loss of minibatch ``rows`` of ``prepare``'s batch.
+
+        The loss is reduced over the whole minibatch; this learner back-propagates its shard of the
+        rows, micro-batch by micro-batch, each scaled by its share. Returns the loss metrics summed
+        over learners.
+        """
+        total = self._weight(batch[LOSS_MASK][rows])
+        self.backend.zero_grad()
+        parts = []
+        if total > 0:
+            for micro in self._micro_batches(batch, self.backend.shard(rows)):
+                part = select_rows(batch, micro)
+                share = self._weight(part[LOSS_MASK]) / total
+                if share > 0:
+                    parts.append((part, share))
+        summed: dict[str, float] = {}
+        for k, (part, share) in enumerate(parts):
+            forward_out = self._run(part, self._policy_call(self.policy, True))
+            if self.critic is not None:
+                forward_out.update(self._run(part, self._critic_call))
+            loss, part_metrics = self.algorithm.compute_loss(part, forward_out)
+            # Weighting each micro-batch by its share makes the sum the minibatch's loss.
+            self.backend.backward(loss * share, last=k == len(parts) - 1)
+            part_metrics["learner/loss"] = float(loss.detach())
+            for key, value in part_metrics.items():
+                summed[key] = summed.get(key, 0.0) + value * share
+        if not parts:
+            # Nothing of this minibatch landed here; a zero loss keeps the learners' reductions in step.
+            self.backend.backward(sum(p.sum() for p in self.policy.parameters()) * 0.0, last=True)
+        return self.backend.sum_metrics(summed)
+
+    # ----------------------------------------------------------------------------- weights, checkpoints
+
     def publish_weights(self) -> list[ray.ObjectRef]:
         """Put the current weights in the object store once; returns ``[ref]`` (a list, so Ray passes the ref)."""
-        return [ray.put(pack_state_dict(self.policy.state_dict(), self.version))]
+        return [ray.put(pack_state_dict(self.policy_state_dict(), self.version))]
+
+    def policy_state_dict(self) -> dict[str, torch.Tensor]:
+        """The policy's full weights under the plain model's names (adapters merged in)."""
+        return merged_state_dict(self.policy) if is_lora(self.policy) else self.policy.state_dict()
 
     def save_checkpoint(self, path: str) -> None:
-        """Write ``path/policy`` (a Hugging Face model dir) and ``path/learner.pt`` (optimizer, version, RNG)."""
+        """Write ``path/policy`` (a Hugging Face model dir) and ``path/learner.pt`` (optimizer, scheduler,
+        critic, version, RNG states)."""
         folder = Path(path)
-        self.policy.save_pretrained(folder / POLICY_DIR)
+        backend_state = self.backend.save(folder)  # collective under DeepSpeed: every learner calls it
+        if self.backend.rank != 0:
+            return
+        if is_lora(self.policy):
+            plain = load_model(self.model_config.name, self.model_config.dtype)
+            plain.load_state_dict(merged_state_dict(self.policy))
+            plain.save_pretrained(folder / POLICY_DIR)
+        else:
+            self.policy.save_pretrained(folder / POLICY_DIR)
         self.tokenizer.save_pretrained(folder / POLICY_DIR)
         torch.save(
-            {"optimizer": self.optimizer.state_dict(), "version": self.version, "torch_rng": torch.get_rng_state()},
+            {
+                **backend_state,
+                "critic": self.critic.state_dict() if self.critic is not None else None,
+                "adapter": adapter_state_dict(self.policy) if is_lora(self.policy) else None,
+                "version": self.version,
+                "torch_rng": torch.get_rng_state(),
+                "shuffle_rng": self.shuffle.get_state(),
+            },
             folder / LEARNER_STATE,
         )
 
     def load_checkpoint(self, path: str) -> int:
-        """Restore policy weights, optimizer, version and RNG from ``path``; returns the weights version."""
+        """Restore everything ``save_checkpoint`` wrote; returns the weights version."""
         folder = Path(path)
-        restored = load_model(str(folder / POLICY_DIR), str(self.policy.dtype).removeprefix("torch."))
-        self.policy.load_state_dict(restored.state_dict())
         state = torch.load(folder / LEARNER_STATE, weights_only=False)
-        self.optimizer.load_state_dict(state["optimizer"])
+        if state["adapter"] is not None:
+            # policy/ holds merged weights; the base stays as loaded and only the adapters are restored.
+            load_adapter_state_dict(self.policy, state["adapter"])
+        else:
+            restored = load_model(str(folder / POLICY_DIR), self.model_config.dtype)
+            self.policy.load_state_dict(restored.state_dict())
+        self.backend.load(folder, state)
+        if self.critic is not None:
+            self.critic.load_state_dict(state["critic"])
         self.version = state["version"]
         torch.set_rng_state(state["torch_rng"])
+        self.shuffle.set_state(state["shuffle_rng"])
         return self.version

@@ -1,10 +1,14 @@
-"""Trajectories -> padded tensors for the learner."""
+"""Trajectories -> tensors for the learner: padded batches, micro-batches, and packed rows."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from actors.trajectory import Trajectory
+
+TOKEN_COLUMNS = ("input_ids", "attention_mask")
 
 
 def collate(trajectories: list[Trajectory], pad_token_id: int) -> dict[str, torch.Tensor]:
@@ -12,8 +16,9 @@ def collate(trajectories: list[Trajectory], pad_token_id: int) -> dict[str, torc
 
     Returns a dict with ``input_ids`` and ``attention_mask`` of shape (B, L); ``loss_mask``,
     ``sampler_logprobs`` and ``token_rewards`` of shape (B, L-1), aligned with next-token targets
-    (position t predicts token t+1); ``rewards`` and ``groups`` of shape (B,). The outcome reward
-    sits on the last sampled token of each trajectory (never on an environment token).
+    (position t predicts token t+1); ``rewards``, ``groups`` and ``truncated`` of shape (B,).
+    Each turn's environment reward sits on the last sampled token of that turn's reply (never on
+    an environment token), so the rewards on a row sum to the episode's outcome.
     """
     batch = len(trajectories)
     width = max(len(t.token_ids) for t in trajectories)
@@ -26,12 +31,12 @@ def collate(trajectories: list[Trajectory], pad_token_id: int) -> dict[str, torc
         n = len(traj.token_ids)
         input_ids[row, :n] = torch.tensor(traj.token_ids)
         attention[row, :n] = 1
-        # The first token is never predicted; targets are tokens 1..n-1.
+        # The first token is never predicted; targets are tokens 1..n-1 at positions 0..n-2.
         loss_mask[row, : n - 1] = torch.tensor(traj.loss_mask[1:], dtype=torch.float32)
         sampler_logprobs[row, : n - 1] = torch.tensor(traj.logprobs[1:], dtype=torch.float32)
-        sampled = loss_mask[row].nonzero()
-        if len(sampled):
-            token_rewards[row, int(sampled[-1])] = traj.reward
+        for (start, end), reward in zip(traj.turn_spans, traj.step_rewards, strict=False):
+            if end > start:
+                token_rewards[row, end - 2] += reward  # token end-1 is predicted at position end-2
     return {
         "input_ids": input_ids,
         "attention_mask": attention,
@@ -40,16 +45,97 @@ def collate(trajectories: list[Trajectory], pad_token_id: int) -> dict[str, torc
         "token_rewards": token_rewards,
         "rewards": torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
         "groups": torch.tensor([t.group for t in trajectories], dtype=torch.long),
+        "truncated": torch.tensor([t.truncated for t in trajectories], dtype=torch.bool),
     }
 
 
-def select_rows(batch: dict[str, torch.Tensor], rows: slice) -> dict[str, torch.Tensor]:
-    """A micro-batch of ``rows``, trimmed to its own longest sequence."""
+def select_rows(batch: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The sub-batch of ``rows`` (index tensor), trimmed to its own longest sequence."""
     part = {key: value[rows] for key, value in batch.items()}
     width = int(part["attention_mask"].sum(-1).max())
-    for key in ("input_ids", "attention_mask"):
-        part[key] = part[key][:, :width]
     for key, value in part.items():
-        if value.dim() == 2 and key not in ("input_ids", "attention_mask"):
-            part[key] = value[:, : width - 1]
+        if value.dim() == 2:
+            part[key] = value[:, :width] if key in TOKEN_COLUMNS else value[:, : width - 1]
     return part
+
+
+@dataclass(frozen=True)
+class PackedRows:
+    """Several sequences per row, each attending only to itself.
+
+    ``segments[r]`` lists ``(sequence index, offset, length)`` of row r. ``attention_mask`` is
+    (R, 1, L, L) boolean, causal within each segment; ``position_ids`` restart at 0 per segment.
+    """
+
+    input_ids: torch.Tensor  # (R, L)
+    position_ids: torch.Tensor  # (R, L)
+    attention_mask: torch.Tensor  # (R, 1, L, L)
+    target_mask: torch.Tensor  # (R, L-1)
+    segments: list[list[tuple[int, int, int]]]
+
+
+def plan_rows(lengths: list[int], capacity: int) -> list[list[int]]:
+    """First-fit decreasing: sequence indices per row, each row holding at most ``capacity`` tokens.
+
+    Deterministic (ties keep index order). A sequence longer than ``capacity`` gets a row of its own.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for index in order:
+        for r, space in enumerate(free):
+            if lengths[index] <= space:
+                rows[r].append(index)
+                free[r] -= lengths[index]
+                break
+        else:
+            rows.append([index])
+            free.append(capacity - lengths[index])
+    return rows
+
+
+def pack(
+    input_ids: torch.Tensor, lengths: torch.Tensor, target_mask: torch.Tensor, rows: list[list[int]], pad_token_id: int
+) -> PackedRows:
+    """Lay out the padded sequences (``input_ids`` (B, L0), ``target_mask`` (B, L0-1)) into ``rows``."""
+    width = max(sum(int(lengths[i]) for i in members) for members in rows)
+    n_rows = len(rows)
+    ids = torch.full((n_rows, width), pad_token_id, dtype=torch.long)
+    positions = torch.zeros((n_rows, width), dtype=torch.long)
+    segment_of = torch.full((n_rows, width), -1, dtype=torch.long)
+    targets = torch.zeros((n_rows, width - 1), dtype=target_mask.dtype)
+    segments: list[list[tuple[int, int, int]]] = []
+    for r, members in enumerate(rows):
+        offset, placed = 0, []
+        for k, index in enumerate(members):
+            n = int(lengths[index])
+            ids[r, offset : offset + n] = input_ids[index, :n]
+            positions[r, offset : offset + n] = torch.arange(n)
+            segment_of[r, offset : offset + n] = k
+            # Targets stay inside the segment; the boundary position (predicting the next
+            # segment's first token) keeps mask 0.
+            targets[r, offset : offset + n - 1] = target_mask[index, : n - 1]
+            placed.append((index, offset, n))
+            offset += n
+        segments.append(placed)
+    causal = torch.tril(torch.ones(width, width, dtype=torch.bool))
+    same = (segment_of[:, :, None] == segment_of[:, None, :]) & (segment_of[:, :, None] >= 0)
+    # Padding positions attend to themselves only, so no row of the mask is empty.
+    eye = torch.eye(width, dtype=torch.bool)[None]
+    attention = ((same & causal) | eye)[:, None]  # (R, 1, L, L)
+    return PackedRows(ids, positions, attention, targets, segments)
+
+
+def unpack_targets(values: torch.Tensor, packed: PackedRows, shape: torch.Size) -> torch.Tensor:
+    """Per-target values (R, L-1) of packed rows back to the padded layout ``shape`` (B, L0-1)."""
+    out = torch.zeros(shape, dtype=values.dtype, device=values.device)
+    rows, cols, dest_rows, dest_cols = [], [], [], []
+    for r, placed in enumerate(packed.segments):
+        for index, offset, n in placed:
+            span = torch.arange(n - 1)
+            rows.append(torch.full_like(span, r))
+            cols.append(span + offset)
+            dest_rows.append(torch.full_like(span, index))
+            dest_cols.append(span)
+    src = values[torch.cat(rows), torch.cat(cols)]
+    return out.index_put((torch.cat(dest_rows), torch.cat(dest_cols)), src)

@@ -1,4 +1,4 @@
-"""Forward passes that score only the tokens the loss uses.
+"""Forward passes that score only the tokens the loss uses, and the critic.
 
 Agent trajectories are mostly environment text; only sampled tokens enter the loss. Projecting
 just those positions through the output layer avoids materialising (B, L, V) logits, which for
@@ -18,6 +18,7 @@ def masked_token_outputs(
     target_mask: torch.Tensor,
     *,
     entropy: bool,
+    position_ids: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Log-probabilities (and entropies) of next tokens where ``target_mask`` is set.
 
@@ -27,24 +28,55 @@ def masked_token_outputs(
     Args:
         model: a Hugging Face causal LM.
         input_ids: (B, L) token ids.
-        attention_mask: (B, L).
+        attention_mask: (B, L) padding mask, or (B, 1, L, L) boolean mask for packed rows.
         target_mask: (B, L-1); position t selects the prediction of token t+1.
         entropy: also return the entropy of the next-token distribution at the selected positions.
+        position_ids: (B, L) positions (packed rows restart them per sequence).
 
     Returns:
         ``logprobs`` and, if asked, ``entropy``: (B, L-1), zero where ``target_mask`` is 0.
     """
-    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, L, H)
+    hidden = model.get_decoder()(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+    ).last_hidden_state  # (B, L, H)
     rows, cols = target_mask.bool().nonzero(as_tuple=True)  # (N,), (N,)
     logits = model.get_output_embeddings()(hidden[:, :-1][rows, cols]).float()  # (N, V)
     targets = input_ids[:, 1:][rows, cols]  # (N,)
     shape = target_mask.shape
-    out = {"logprobs": _scatter(-F.cross_entropy(logits, targets, reduction="none"), rows, cols, shape)}
+    out = {"logprobs": scatter_targets(-F.cross_entropy(logits, targets, reduction="none"), rows, cols, shape)}
     if entropy:
         log_probs = torch.log_softmax(logits, dim=-1)
-        out["entropy"] = _scatter(-(log_probs.exp() * log_probs).sum(-1), rows, cols, shape)
+        out["entropy"] = scatter_targets(-(log_probs.exp() * log_probs).sum(-1), rows, cols, shape)
     return out
 
 
-def _scatter(values: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+def scatter_targets(values: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """Place (N,) ``values`` at (rows, cols) of a zero tensor of ``shape`` (differentiable)."""
     return torch.zeros(shape, dtype=values.dtype, device=values.device).index_put((rows, cols), values)
+
+
+class ValueModel(torch.nn.Module):
+    """A critic: the policy's decoder architecture (initialised from the same weights) and a linear
+    value head read at every position. V(t) is the value of the state that predicts token t+1."""
+
+    def __init__(self, causal_lm: torch.nn.Module) -> None:
+        super().__init__()
+        self.decoder = causal_lm.get_decoder()
+        self.head = torch.nn.Linear(causal_lm.config.hidden_size, 1)
+        torch.nn.init.zeros_(self.head.weight)
+        torch.nn.init.zeros_(self.head.bias)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        target_mask: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Values at the masked target positions, (B, L-1), zero elsewhere."""
+        hidden = self.decoder(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+        ).last_hidden_state
+        rows, cols = target_mask.bool().nonzero(as_tuple=True)
+        values = self.head(hidden[:, :-1][rows, cols]).squeeze(-1).float()  # (N,)
+        return scatter_targets(values, rows, cols, target_mask.shape)

@@ -1,11 +1,16 @@
-"""Pure tensor functions for policy-gradient losses and advantages. No Ray, no I/O.
+"""Pure tensor functions for policy-gradient losses. No Ray, no I/O.
 
 Shapes: ``B`` trajectories, ``T`` target positions (one per token after the first).
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
+
+KLEstimator = Literal["k1", "k2", "k3"]
+Aggregation = Literal["token_mean", "seq_mean"]
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -14,56 +19,77 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def group_normalized_advantages(rewards: torch.Tensor, groups: torch.Tensor, eps: float) -> torch.Tensor:
-    """GRPO outcome advantages (Shao et al. 2024, DeepSeekMath): (r - mean_group) / (std_group + eps).
+def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: Aggregation) -> torch.Tensor:
+    """Reduce per-token ``values`` (B, T) to a scalar.
 
-    A group of one, or a group whose rewards are all equal, gets advantage 0.
-
-    Args:
-        rewards: (B,) outcome reward per trajectory.
-        groups: (B,) integer group id per trajectory (episodes of the same task share it).
-        eps: added to the standard deviation.
-
-    Returns:
-        (B,) advantages.
+    ``token_mean`` weighs every sampled token equally (long episodes weigh more); ``seq_mean``
+    averages within each episode first, then over episodes with at least one sampled token.
     """
-    advantages = torch.zeros_like(rewards, dtype=torch.float32)
-    for group in torch.unique(groups):
-        members = groups == group
-        values = rewards[members].float()
-        if values.numel() < 2:
-            continue
-        std = values.std(unbiased=True)
-        if std == 0:  # every member did equally well: nothing to prefer
-            continue
-        advantages[members] = (values - values.mean()) / (std + eps)
-    return advantages
+    if mode == "token_mean":
+        return masked_mean(values, mask)
+    m = mask.to(values.dtype)
+    per_seq = (values * m).sum(-1) / m.sum(-1).clamp(min=1.0)  # (B,)
+    has_tokens = (m.sum(-1) > 0).to(values.dtype)
+    return (per_seq * has_tokens).sum() / has_tokens.sum().clamp(min=1.0)
 
 
 def clipped_policy_loss(
-    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, clip_eps: float
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_eps: float,
+    dual_clip: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's clipped surrogate per token (Schulman et al. 2017), as a loss to minimise.
+
+    With ``dual_clip = c > 1`` the loss of a negative-advantage token is also capped at -c * A
+    (Ye et al. 2020), so a huge ratio on a bad token cannot dominate the update.
 
     Args:
         logprobs: (B, T) current policy log-probabilities (with grad).
         old_logprobs: (B, T) log-probabilities of the policy that sampled the data.
         advantages: (B, T) per-token advantages.
         clip_eps: ratio clip epsilon.
+        dual_clip: optional dual-clip constant c > 1.
 
     Returns:
-        ((B, T) loss, (B, T) float mask of tokens where clipping was active).
+        ((B, T) loss, (B, T) float mask of tokens where a clip was active).
     """
     ratio = torch.exp(logprobs - old_logprobs)
-    unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
-    return -torch.minimum(unclipped, clipped), (clipped < unclipped).float()
+    unclipped = -ratio * advantages
+    clipped = -torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
+    loss = torch.maximum(unclipped, clipped)
+    active = clipped > unclipped
+    if dual_clip is not None:
+        cap = -dual_clip * advantages
+        dual = (advantages < 0) & (loss > cap)
+        loss = torch.where(dual, cap, loss)
+        active = active | dual
+    return loss, active.float()
 
 
-def low_variance_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, clamp: float = 10.0) -> torch.Tensor:
-    """Schulman's k3 estimator of KL(policy || reference): exp(r) - r - 1 with r = ref - logp, clamped.
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: KLEstimator) -> torch.Tensor:
+    """Per-token estimate of KL(policy || reference) from sampled tokens (Schulman 2020 "k1/k2/k3").
 
-    Non-negative, unbiased, and low-variance. logprobs, ref_logprobs: (B, T) -> (B, T).
+    With log_ratio = logp - ref_logp: k1 = log_ratio (unbiased, can be negative), k2 = log_ratio^2 / 2,
+    k3 = exp(-log_ratio) + log_ratio - 1 (unbiased, non-negative, low variance; the log-ratio is
+    clamped to [-10, 10] for stability). (B, T) -> (B, T).
     """
-    log_ratio = torch.clamp(ref_logprobs - logprobs, min=-clamp, max=clamp)
-    return torch.clamp(torch.exp(log_ratio) - log_ratio - 1.0, min=-clamp, max=clamp)
+    log_ratio = logprobs - ref_logprobs
+    if estimator == "k1":
+        return log_ratio
+    if estimator == "k2":
+        return 0.5 * log_ratio**2
+    log_ratio = torch.clamp(log_ratio, min=-10.0, max=10.0)
+    return torch.exp(-log_ratio) + log_ratio - 1.0
+
+
+def clipped_value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, clip: float | None
+) -> torch.Tensor:
+    """0.5 * (V - R)^2 per token, optionally the max with the clipped-value error (PPO2). (B, T)"""
+    error = (values - returns) ** 2
+    if clip is not None:
+        clipped = old_values + torch.clamp(values - old_values, -clip, clip)
+        error = torch.maximum(error, (clipped - returns) ** 2)
+    return 0.5 * error

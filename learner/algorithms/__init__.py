@@ -1,6 +1,34 @@
 """Algorithms, registered by name; importing this package registers the shipped ones."""
 
-from learner.algorithms.base import Algorithm, algorithm_names, register_algorithm, resolve_algorithm
+from learner.algorithms.base import (
+    Algorithm,
+    AlgorithmConfigError,
+    AlgorithmParams,
+    algorithm_names,
+    build_algorithm,
+    register_algorithm,
+    resolve_algorithm,
+)
 from learner.algorithms.grpo import GRPO
+from learner.algorithms.policy_gradient import PolicyGradient, PolicyGradientParams
+from learner.algorithms.ppo import PPO
+from learner.algorithms.reinforce_pp import ReinforcePP
+from learner.algorithms.rloo import RLOO
+from learner.algorithms.sft import SFT
 
-__all__ = ["GRPO", "Algorithm", "algorithm_names", "register_algorithm", "resolve_algorithm"]
+__all__ = [
+    "GRPO",
+    "PPO",
+    "RLOO",
+    "SFT",
+    "Algorithm",
+    "AlgorithmConfigError",
+    "AlgorithmParams",
+    "PolicyGradient",
+    "PolicyGradientParams",
+    "ReinforcePP",
+    "algorithm_names",
+    "build_algorithm",
+    "register_algorithm",
+    "resolve_algorithm",
+]

@@ -1,68 +1,89 @@
 """The algorithm plug-in API and its registry.
 
-A user algorithm subclasses :class:`Algorithm`, fills the two hooks, and is selected in YAML by
-its registered name or as ``package.module:ClassName``.
+A user algorithm subclasses :class:`Algorithm` (or :class:`PolicyGradient` to reuse the clipped
+surrogate, KL and entropy terms), declares its hyperparameters as a nested pydantic ``Config``,
+fills the hooks, and is selected in YAML by its registered name or as ``package.module:ClassName``.
 """
 
 from __future__ import annotations
 
 import abc
 import importlib
-from typing import ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from configs.schema import AlgorithmConfig
-
-# Batch columns (see learner.batching.collate) and forward outputs the hooks receive.
+# Batch columns (see learner.batching.collate) and forward outputs the hooks receive. Every
+# per-token column is (B, T) and aligned with next-token targets.
 INPUT_IDS = "input_ids"
 LOSS_MASK = "loss_mask"
 REWARDS = "rewards"
 GROUPS = "groups"
+TRUNCATED = "truncated"
 TOKEN_REWARDS = "token_rewards"
 ADVANTAGES = "advantages"
+RETURNS = "returns"
 OLD_LOGPROBS = "old_logprobs"
 REF_LOGPROBS = "ref_logprobs"
+OLD_VALUES = "old_values"
 LOGPROBS = "logprobs"
 ENTROPY = "entropy"
+VALUES = "values"
+
+
+class AlgorithmParams(BaseModel):
+    """Hyperparameters every algorithm has; subclasses add their own fields."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    aggregation: Literal["token_mean", "seq_mean"] = Field(
+        "token_mean", description="Loss reduction: mean over sampled tokens, or per episode then over episodes."
+    )
+
+
+class AlgorithmConfigError(ValueError):
+    """The ``algorithm`` section does not fit the chosen algorithm; the message names the key."""
 
 
 class Algorithm(abc.ABC):
     """Turns a batch of trajectories into a loss.
 
-    The learner calls ``compute_advantages`` once per batch (before any gradient step), adds the
-    result as ``batch["advantages"]`` together with ``old_logprobs`` (and ``ref_logprobs`` when
-    ``needs_reference``), then calls ``compute_loss`` for each micro-batch.
+    The learner calls ``compute_advantages`` once per batch, before any gradient step, with
+    ``old_logprobs`` (and ``ref_logprobs`` / ``old_values`` when the algorithm needs a reference
+    model / critic) already in the batch; it stores the result as ``batch["advantages"]``. Then, for
+    every micro-batch of every minibatch of every epoch, it calls ``compute_loss``.
 
     Args:
-        config: the algorithm section of the run config.
+        config: the algorithm's own ``Config``.
     """
 
     name: ClassVar[str] = ""
+    Config: ClassVar[type[AlgorithmParams]] = AlgorithmParams
     needs_critic: ClassVar[bool] = False
 
-    def __init__(self, config: AlgorithmConfig) -> None:
+    def __init__(self, config: AlgorithmParams) -> None:
         self.config = config
 
     @property
     def needs_reference(self) -> bool:
-        """Whether the learner must keep a frozen reference model and provide ``ref_logprobs``."""
-        return self.config.kl_coef > 0
+        """Whether the learner keeps a frozen reference model and provides ``ref_logprobs``."""
+        return False
 
     @abc.abstractmethod
     def compute_advantages(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Per-token advantages, shape (B, T) like ``batch["loss_mask"]``."""
+        """Per-token advantages, shape (B, T) like ``batch["loss_mask"]``. May also add columns
+        (e.g. ``returns``) and adjust ``loss_mask`` to exclude episodes from the loss."""
 
     @abc.abstractmethod
     def compute_loss(
         self, batch: dict[str, torch.Tensor], forward_out: dict[str, torch.Tensor]
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The loss of one micro-batch (a token-mean over ``loss_mask``) and its metrics.
+        """The loss of one micro-batch, reduced with ``config.aggregation``, and its metrics.
 
         Args:
-            batch: micro-batch columns, including ``advantages``, ``old_logprobs`` and, when
-                needed, ``ref_logprobs``; all (B, T).
-            forward_out: ``logprobs`` (B, T) with grad and ``entropy`` (B, T).
+            batch: micro-batch columns, including ``advantages`` and ``old_logprobs``; all (B, T).
+            forward_out: ``logprobs`` and ``entropy`` (B, T) with grad, and ``values`` for critics.
 
         Returns:
             (scalar loss, metrics named ``learner/...``).
@@ -88,12 +109,12 @@ def resolve_algorithm(name: str) -> type[Algorithm]:
     """The class for a registered ``name`` or a ``package.module:ClassName`` reference.
 
     Raises:
-        ValueError: unknown name, unimportable module, or a class that is not an ``Algorithm``.
+        AlgorithmConfigError: unknown name, unimportable module, or not an ``Algorithm`` subclass.
     """
     if ":" not in name:
         if name not in _REGISTRY:
-            raise ValueError(
-                f"unknown algorithm {name!r}; registered: {', '.join(algorithm_names())} "
+            raise AlgorithmConfigError(
+                f"algorithm.name: unknown algorithm {name!r}; registered: {', '.join(algorithm_names())} "
                 "(or give package.module:ClassName)"
             )
         return _REGISTRY[name]
@@ -101,7 +122,31 @@ def resolve_algorithm(name: str) -> type[Algorithm]:
     try:
         cls = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
-        raise ValueError(f"algorithm {name!r} cannot be imported: {exc}") from exc
+        raise AlgorithmConfigError(f"algorithm.name: {name!r} cannot be imported: {exc}") from exc
     if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
-        raise ValueError(f"algorithm {name!r} is not a subclass of learner.Algorithm")
+        raise AlgorithmConfigError(f"algorithm.name: {name!r} is not a subclass of learner.Algorithm")
     return cls
+
+
+def build_algorithm(name: str, params: dict[str, Any]) -> Algorithm:
+    """Resolve ``name`` and validate ``params`` (the section's other keys) against its ``Config``.
+
+    Raises:
+        AlgorithmConfigError: naming every bad key as ``algorithm.<key>`` and the valid keys.
+    """
+    cls = resolve_algorithm(name)
+    try:
+        config = cls.Config.model_validate(params)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            where = "algorithm." + ".".join(str(p) for p in err["loc"])
+            if err["type"] == "extra_forbidden":
+                problems.append(f"{where}: unknown key for algorithm {name!r}")
+            else:
+                problems.append(f"{where}: {err['msg']} (got {err.get('input')!r})")
+        valid = ", ".join(sorted(cls.Config.model_fields))
+        raise AlgorithmConfigError(
+            "; ".join(problems) + f". Valid keys for {name!r}: name, group_size, {valid}"
+        ) from None
+    return cls(config)

@@ -3,27 +3,8 @@ import math
 import pytest
 import torch
 
-from actors.trajectory import Trajectory
-from learner.batching import collate, select_rows
-from learner.losses import clipped_policy_loss, group_normalized_advantages, low_variance_kl, masked_mean
-
-
-def test_group_advantages_by_hand():
-    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.5, 0.5, 2.0])
-    groups = torch.tensor([0, 0, 0, 0, 1, 1, 2])
-    adv = group_normalized_advantages(rewards, groups, eps=0.0)
-    # group 0: mean 0.25, sample std sqrt(0.25) = 0.5 -> (0.75/0.5, -0.25/0.5 x3)
-    assert torch.allclose(adv[:4], torch.tensor([1.5, -0.5, -0.5, -0.5]))
-    # all-equal group and a group of one carry no signal
-    assert torch.equal(adv[4:], torch.zeros(3))
-
-
-def test_group_advantages_do_not_depend_on_row_order():
-    rewards = torch.tensor([0.3, 0.9, 0.1, 0.7])
-    groups = torch.tensor([1, 0, 1, 0])
-    adv = group_normalized_advantages(rewards, groups, eps=1e-6)
-    perm = torch.tensor([3, 0, 2, 1])
-    assert torch.allclose(group_normalized_advantages(rewards[perm], groups[perm], eps=1e-6), adv[perm])
+from learner.algorithms import GRPO, AlgorithmConfigError, build_algorithm
+from learner.losses import aggregate, clipped_policy_loss, clipped_value_loss, kl_penalty, masked_mean
 
 
 def test_clipped_policy_loss_by_hand():
@@ -31,60 +12,101 @@ def test_clipped_policy_loss_by_hand():
     new = torch.log(torch.tensor([[1.5, 0.5, 1.1]]))
     adv = torch.tensor([[1.0, -1.0, 2.0]])
     loss, clipped = clipped_policy_loss(new, old, adv, clip_eps=0.2)
-    # ratio 1.5, A=+1 -> min(1.5, 1.2) = 1.2 (clipped); ratio 0.5, A=-1 -> min(-0.5, -0.8) = -0.8 (clipped);
-    # ratio 1.1, A=2 -> 2.2 (inside the clip range)
+    # ratio 1.5, A=+1 -> -min(1.5, 1.2) = -1.2 (clipped); ratio 0.5, A=-1 -> -min(-0.5, -0.8) = 0.8 (clipped);
+    # ratio 1.1, A=2 -> -2.2 (inside the clip range)
     assert torch.allclose(loss, torch.tensor([[-1.2, 0.8, -2.2]]), atol=1e-6)
     assert clipped.tolist() == [[1.0, 1.0, 0.0]]
 
 
-def test_low_variance_kl_by_hand():
-    logp = torch.tensor([[math.log(0.5), math.log(0.2)]])
-    ref = torch.tensor([[math.log(0.25), math.log(0.2)]])
-    kl = low_variance_kl(logp, ref)
-    r = math.log(0.5)  # ref - logp for the first token
-    assert kl[0, 0].item() == pytest.approx(math.exp(r) - r - 1, rel=1e-5)
-    assert kl[0, 1].item() == pytest.approx(0.0, abs=1e-7)
-    assert (low_variance_kl(torch.randn(4, 5), torch.randn(4, 5)) >= 0).all()
+def test_dual_clip_caps_negative_advantage_losses():
+    new = torch.log(torch.tensor([[5.0, 5.0]]))
+    adv = torch.tensor([[-1.0, 1.0]])
+    loss, clipped = clipped_policy_loss(new, torch.zeros(1, 2), adv, clip_eps=0.2, dual_clip=3.0)
+    # A<0, ratio 5: plain PPO loss is 5, dual clip caps it at 3; A>0 is unaffected (-1.2)
+    assert torch.allclose(loss, torch.tensor([[3.0, -1.2]]))
+    assert clipped.tolist() == [[1.0, 1.0]]
 
 
-def test_masked_mean_ignores_masked_positions_and_empty_masks():
-    values = torch.tensor([[1.0, 100.0, 3.0]])
-    assert masked_mean(values, torch.tensor([[1, 0, 1]])).item() == 2.0
-    assert masked_mean(values, torch.zeros(1, 3)).item() == 0.0
+def test_kl_estimators_by_hand():
+    logp = torch.tensor([[math.log(0.5)]])
+    ref = torch.tensor([[math.log(0.25)]])
+    r = math.log(2.0)  # logp - ref
+    assert kl_penalty(logp, ref, "k1").item() == pytest.approx(r)
+    assert kl_penalty(logp, ref, "k2").item() == pytest.approx(r * r / 2)
+    assert kl_penalty(logp, ref, "k3").item() == pytest.approx(math.exp(-r) + r - 1)
+    assert (kl_penalty(torch.randn(4, 5), torch.randn(4, 5), "k3") >= 0).all()
 
 
-def _trajectory(token_ids, loss_mask, reward, group=0):
-    return Trajectory(
-        env="babyai",
-        task_id=0,
-        group=group,
-        token_ids=token_ids,
-        loss_mask=loss_mask,
-        logprobs=[-0.5 if m else 0.0 for m in loss_mask],
-        prompt_length=2,
-        turn_spans=[],
-        messages=[],
-        actions=[],
-        step_rewards=[reward],
-        reward=reward,
-        success=reward > 0,
-        done=True,
-        truncated=False,
-        horizon=2,
-        weights_version=0,
-    )
+def test_aggregation_token_mean_vs_seq_mean():
+    values = torch.tensor([[1.0, 1.0, 1.0, 0.0], [4.0, 0.0, 0.0, 0.0], [7.0, 7.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.float32)
+    assert aggregate(values, mask, "token_mean").item() == pytest.approx(7 / 4)
+    # episode means 1 and 4; the third episode has no sampled token and does not count
+    assert aggregate(values, mask, "seq_mean").item() == pytest.approx(2.5)
+    assert masked_mean(values, torch.zeros_like(mask)).item() == 0.0
 
 
-def test_collate_puts_the_outcome_on_the_last_sampled_token():
-    # prompt(2) reply(2) env(2) reply(1) env(1): the last sampled token is index 6, not the final env token
-    first = _trajectory([5, 6, 7, 8, 9, 10, 11, 12], [0, 0, 1, 1, 0, 0, 1, 0], reward=1.0)
-    second = _trajectory([5, 6, 7, 8], [0, 0, 1, 1], reward=0.5, group=1)
-    batch = collate([first, second], pad_token_id=0)
-    assert batch["input_ids"].shape == (2, 8)
-    # targets are shifted by one: target position t predicts token t+1
-    assert batch["loss_mask"][0].tolist() == [0, 1, 1, 0, 0, 1, 0]
-    assert batch["token_rewards"][0].tolist() == [0, 0, 0, 0, 0, 1.0, 0]
-    assert batch["token_rewards"][1].tolist() == [0, 0, 0.5, 0, 0, 0, 0]
-    assert batch["attention_mask"][1].tolist() == [1, 1, 1, 1, 0, 0, 0, 0]
-    part = select_rows(batch, slice(1, 2))
-    assert part["input_ids"].shape == (1, 4) and part["loss_mask"].shape == (1, 3)
+def test_clipped_value_loss_by_hand():
+    values, old, returns = torch.tensor([[2.0]]), torch.tensor([[1.0]]), torch.tensor([[0.0]])
+    assert clipped_value_loss(values, old, returns, clip=None).item() == pytest.approx(2.0)
+    # clipped value 1.2 has error 1.44 < 4, so the unclipped error (4) is kept: 0.5 * 4
+    assert clipped_value_loss(values, old, returns, clip=0.2).item() == pytest.approx(2.0)
+    values = torch.tensor([[0.5]])
+    # unclipped error 0.25, clipped value 0.8 -> 0.64: the larger one counts
+    assert clipped_value_loss(values, old, returns, clip=0.2).item() == pytest.approx(0.32)
+
+
+def _batch(truncated):
+    return {
+        "rewards": torch.tensor([1.0, 0.0, 1.0]),
+        "groups": torch.tensor([0, 0, 0]),
+        "truncated": torch.tensor(truncated),
+        "loss_mask": torch.ones(3, 2),
+        "token_rewards": torch.tensor([[0.0, 1.0], [0.0, 0.0], [0.0, 1.0]]),
+    }
+
+
+def test_truncated_episode_treatments():
+    keep = build_algorithm("grpo", {"kl_coef": 0.0}).compute_advantages(_batch([False, False, True]))
+    zero = build_algorithm("grpo", {"kl_coef": 0.0, "truncated": "zero_reward"})
+    batch = _batch([False, False, True])
+    zeroed = zero.compute_advantages(batch)
+    assert batch["rewards"].tolist() == [1.0, 0.0, 0.0]
+    assert zeroed[2, 0] < 0 < zeroed[0, 0]  # the truncated success now counts as a failure
+    assert keep[2, 0] > 0
+    dropped_batch = _batch([False, False, True])
+    dropped = build_algorithm("grpo", {"kl_coef": 0.0, "truncated": "drop"}).compute_advantages(dropped_batch)
+    assert dropped_batch["loss_mask"][2].sum() == 0 and (dropped[2] == 0).all()
+
+
+def test_kl_as_reward_penalty_lowers_rewards_of_drifting_episodes():
+    algo = build_algorithm("reinforce_pp", {"kl_coef": 0.5, "kl_mode": "reward", "kl_estimator": "k1"})
+    batch = _batch([False, False, False])
+    batch["old_logprobs"] = torch.tensor([[0.0, 0.0], [0.0, 0.0], [-1.0, -1.0]])
+    batch["ref_logprobs"] = torch.tensor([[0.0, 0.0], [0.0, 0.0], [-2.0, -2.0]])
+    algo.compute_advantages(batch)
+    # episode 2 drifted by k1 = 1 per token: 0.5 per token taken off its rewards
+    assert batch["token_rewards"][2].tolist() == [-0.5, 0.5]
+    assert batch["rewards"].tolist() == [1.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "message"),
+    [
+        ("grpo", {"gama": 0.9}, "algorithm.gama: unknown key"),
+        ("ppo", {"lam": 2.0}, "algorithm.lam"),
+        ("nope", {}, "registered: grpo, ppo, reinforce_pp, rloo, sft"),
+        ("os.path:join", {}, "not a subclass"),
+        ("no_such_module:Algo", {}, "cannot be imported"),
+    ],
+)
+def test_bad_algorithm_settings_are_named(name, params, message):
+    with pytest.raises(AlgorithmConfigError, match=message):
+        build_algorithm(name, params)
+
+
+def test_registered_names_resolve_to_the_shipped_classes():
+    assert isinstance(build_algorithm("grpo", {}), GRPO)
+    assert build_algorithm("grpo", {}).needs_reference
+    assert not build_algorithm("grpo", {"kl_coef": 0.0}).needs_reference
+    assert build_algorithm("ppo", {}).needs_critic

@@ -1,0 +1,28 @@
+"""SFT: behaviour cloning on the sampled (or oracle / logged) tokens of trajectories."""
+
+from __future__ import annotations
+
+import torch
+from typing_extensions import override
+
+from learner.algorithms.base import LOGPROBS, LOSS_MASK, Algorithm, register_algorithm
+from learner.losses import aggregate
+
+
+@register_algorithm
+class SFT(Algorithm):
+    """Negative log-likelihood of the reply tokens; environment tokens are context only. With the
+    oracle sampler (``sampler.policy: oracle``) this is the warm start small models need."""
+
+    name = "sft"
+
+    @override
+    def compute_advantages(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return torch.zeros_like(batch[LOSS_MASK])
+
+    @override
+    def compute_loss(
+        self, batch: dict[str, torch.Tensor], forward_out: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        nll = aggregate(-forward_out[LOGPROBS], batch[LOSS_MASK], self.config.aggregation)
+        return nll, {"learner/nll": float(nll.detach())}

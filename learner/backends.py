@@ -1,0 +1,139 @@
+"""How a learner turns losses into optimizer steps: plain torch, or DeepSpeed ZeRO data parallelism.
+
+Both backends see the same micro-batch losses. Each loss is already scaled to its share of the
+*global* minibatch, so the gradient the optimizer applies is the full-batch gradient however the
+rows are spread over learners and micro-batches.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+class TorchBackend:
+    """One process: backward, global-norm clip, AdamW step."""
+
+    rank = 0
+    world_size = 1
+
+    def __init__(self, modules: torch.nn.ModuleDict, optimizer, scheduler, *, grad_clip: float) -> None:
+        self.modules = modules
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.grad_clip = grad_clip
+
+    def shard(self, rows: torch.Tensor) -> torch.Tensor:
+        """The rows of a minibatch this learner trains on."""
+        return rows
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def backward(self, loss: torch.Tensor, *, last: bool) -> None:
+        loss.backward()
+
+    def step(self) -> float:
+        """Clip, step, advance the schedule; returns the pre-clip global gradient norm."""
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        norm = float(torch.nn.utils.clip_grad_norm_(params, self.grad_clip))
+        self.optimizer.step()
+        self.scheduler.step()
+        return norm
+
+    def sum_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Sum each metric over learners (each learner's values are already weighted by its share)."""
+        return metrics
+
+    def save(self, folder: Path) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load(self, folder: Path, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+
+class DeepSpeedBackend(TorchBackend):
+    """``world_size`` learner actors in one process group (gloo on CPU, NCCL on GPU), ZeRO stage 0-2
+    (parameters stay whole on every learner, so each can publish or save them).
+
+    Every learner scores the whole batch (so group statistics and whitening see every episode) and
+    back-propagates its ``shard`` of each minibatch; DeepSpeed averages gradients over learners,
+    which the ``world_size`` factor in ``backward`` turns back into the sum of the shares.
+    """
+
+    def __init__(
+        self,
+        modules: torch.nn.ModuleDict,
+        optimizer,
+        scheduler,
+        *,
+        grad_clip: float,
+        zero_stage: int,
+        rank: int,
+        world_size: int,
+        master_addr: str,
+        master_port: int,
+    ) -> None:
+        import deepspeed
+
+        os.environ.update(
+            MASTER_ADDR=master_addr,
+            MASTER_PORT=str(master_port),
+            RANK=str(rank),
+            WORLD_SIZE=str(world_size),
+            LOCAL_RANK="0",
+        )
+        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+        self.engine, ds_optimizer, _, ds_scheduler = deepspeed.initialize(
+            model=modules,
+            optimizer=optimizer,
+            lr_scheduler=scheduler,
+            config={
+                "train_micro_batch_size_per_gpu": 1,
+                "gradient_accumulation_steps": 1,
+                "gradient_clipping": grad_clip,
+                "zero_optimization": {"stage": zero_stage},
+                "zero_allow_untested_optimizer": True,
+                "steps_per_print": 1 << 30,
+            },
+        )
+        super().__init__(modules, ds_optimizer, ds_scheduler, grad_clip=grad_clip)
+        self.rank = rank
+        self.world_size = world_size
+
+    def shard(self, rows: torch.Tensor) -> torch.Tensor:
+        return rows[self.rank :: self.world_size]
+
+    def zero_grad(self) -> None:
+        self.engine.zero_grad()
+
+    def backward(self, loss: torch.Tensor, *, last: bool) -> None:
+        # Gradients are reduced over learners once, on the last micro-batch of the minibatch.
+        self.engine.set_gradient_accumulation_boundary(last)
+        self.engine.backward(loss * self.world_size)
+
+    def step(self) -> float:
+        self.engine.set_gradient_accumulation_boundary(True)
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else 0.0
+
+    def sum_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        gathered: list[dict[str, float]] = [{} for _ in range(self.world_size)]
+        dist.all_gather_object(gathered, metrics)
+        total: dict[str, float] = {}
+        for part in gathered:
+            for key, value in part.items():
+                total[key] = total.get(key, 0.0) + value
+        return total
+
+    def save(self, folder: Path) -> dict:
+        self.engine.save_checkpoint(str(folder / "deepspeed"), tag="state")
+        return {}
+
+    def load(self, folder: Path, state: dict) -> None:
+        self.engine.load_checkpoint(str(folder / "deepspeed"), tag="state")

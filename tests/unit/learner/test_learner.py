@@ -1,0 +1,146 @@
+"""The learner (plain object, no Ray) on tiny-random: packing, algorithms, updates, checkpoints."""
+
+import pytest
+import torch
+
+from actors.models import load_model
+from configs import Config
+from configs.loader import apply_override
+from learner.actor import LearnerActor
+from tests.unit.learner.helpers import batch_of
+
+ALGORITHMS = {
+    "grpo": ["algorithm.entropy_coef=0.01"],
+    "rloo": ["algorithm.kl_mode=reward"],
+    "reinforce_pp": ["algorithm.gamma=0.9", "algorithm.kl_estimator=k2"],
+    "ppo": ["algorithm.lam=0.9", "algorithm.dual_clip=3.0"],
+    "sft": [],
+}
+
+
+def make_learner(algorithm: str, *overrides: str) -> LearnerActor:
+    data: dict = {}
+    for item in ["model.name=tiny-random", f"algorithm.name={algorithm}", "learner.lr=1e-3", *ALGORITHMS[algorithm]]:
+        apply_override(data, item)
+    for item in overrides:
+        apply_override(data, item)
+    config = Config.model_validate(data)
+    return LearnerActor(
+        model=config.model, learner=config.learner, algorithm=config.algorithm, seed=0, total_updates=10
+    )
+
+
+def gradients(learner: LearnerActor) -> dict[str, torch.Tensor]:
+    named = dict(learner.policy.named_parameters())
+    if learner.critic is not None:
+        named.update({f"critic.{k}": v for k, v in learner.critic.named_parameters()})
+    return {name: p.grad.clone() for name, p in named.items() if p.grad is not None}
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo", "sft"])
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean"])
+def test_packing_gives_the_same_loss_and_gradients_as_padding(algorithm, aggregation):
+    trajectories = batch_of()
+    results = []
+    for packing in (False, True):
+        learner = make_learner(
+            algorithm,
+            f"learner.packing={packing}",
+            "learner.micro_batch_size=2",
+            f"algorithm.aggregation={aggregation}",
+        )
+        batch = learner.prepare(trajectories)
+        metrics = learner.accumulate_gradients(batch, torch.arange(len(trajectories)))
+        results.append((metrics["learner/loss"], gradients(learner)))
+    (loss_pad, grads_pad), (loss_pack, grads_pack) = results
+    assert loss_pack == pytest.approx(loss_pad, rel=1e-4, abs=1e-6)
+    assert grads_pad.keys() == grads_pack.keys() and grads_pad
+    for name in grads_pad:
+        assert torch.allclose(grads_pack[name], grads_pad[name], rtol=1e-3, atol=1e-6), name
+
+
+def test_micro_batching_does_not_change_the_gradient():
+    trajectories = batch_of()
+    grads = []
+    for size in (1, 9):
+        learner = make_learner("grpo", f"learner.micro_batch_size={size}")
+        learner.accumulate_gradients(learner.prepare(trajectories), torch.arange(len(trajectories)))
+        grads.append(gradients(learner))
+    for name in grads[0]:
+        assert torch.allclose(grads[0][name], grads[1][name], rtol=1e-3, atol=1e-6), name
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_every_algorithm_updates_the_policy(algorithm):
+    learner = make_learner(algorithm, "learner.epochs=2", "learner.minibatches=2")
+    before = {k: v.clone() for k, v in learner.policy.state_dict().items()}
+    metrics = learner.update_batch(batch_of())
+    assert metrics["learner/optimizer_steps"] == 4
+    assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
+    assert learner.version == 1
+    assert any(not torch.equal(before[k], v) for k, v in learner.policy.state_dict().items())
+    if algorithm == "ppo":
+        assert "learner/value_loss" in metrics and learner.critic is not None
+    if algorithm in ("grpo", "reinforce_pp", "ppo", "rloo"):
+        assert learner.reference is not None
+
+
+def test_sft_lowers_the_nll_of_its_data():
+    learner = make_learner("sft")
+    trajectories = batch_of()
+    losses = [learner.update_batch(trajectories)["learner/nll"] for _ in range(4)]
+    assert losses[-1] < losses[0]
+
+
+def test_checkpoint_round_trip_continues_identically(tmp_path):
+    trajectories = batch_of()
+    straight = make_learner("ppo")
+    straight.update_batch(trajectories)
+    straight.save_checkpoint(str(tmp_path / "ckpt"))
+    expected = straight.update_batch(batch_of(seed=1))
+
+    resumed = make_learner("ppo")
+    assert resumed.load_checkpoint(str(tmp_path / "ckpt")) == 1
+    got = resumed.update_batch(batch_of(seed=1))
+    for key in ("learner/loss", "learner/grad_norm", "learner/value_loss", "learner/lr"):
+        assert got[key] == pytest.approx(expected[key], rel=1e-5), key
+    for (name, a), b in zip(straight.policy.state_dict().items(), resumed.policy.state_dict().values(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6), name
+
+
+def test_lr_schedule_warms_up_then_decays():
+    learner = make_learner("sft", "learner.warmup_steps=2", "learner.lr_schedule=linear")
+    lrs = [learner.update_batch(batch_of())["learner/lr"] for _ in range(4)]
+    assert lrs[0] == pytest.approx(1e-3)  # after step 0 the warm-up factor for step 1 is 2/2
+    assert lrs[1] > lrs[2] > lrs[3]
+
+
+def test_lora_trains_adapters_and_publishes_merged_plain_weights(tmp_path):
+    learner = make_learner("grpo", "learner.lora.enabled=true", "learner.lora.r=4", "learner.lora.alpha=8")
+    plain = load_model("tiny-random").state_dict()
+    assert learner.describe()["trainable_parameters"] < learner.describe()["parameters"] / 2
+    learner.update_batch(batch_of())
+    merged = learner.policy_state_dict()
+    assert merged.keys() == plain.keys()
+    changed = {k for k in plain if not torch.equal(merged[k], plain[k])}
+    assert changed and all(any(m in k for m in ("q_proj", "k_proj", "v_proj", "o_proj")) for k in changed)
+    # the checkpoint's policy/ is a plain model with the adapters merged in
+    learner.save_checkpoint(str(tmp_path / "ckpt"))
+    reloaded = load_model(str(tmp_path / "ckpt" / "policy")).state_dict()
+    for key in plain:
+        assert torch.allclose(reloaded[key], merged[key], atol=1e-6), key
+    resumed = make_learner("grpo", "learner.lora.enabled=true", "learner.lora.r=4", "learner.lora.alpha=8")
+    resumed.load_checkpoint(str(tmp_path / "ckpt"))
+    for key, value in resumed.policy_state_dict().items():
+        assert torch.allclose(value, merged[key], atol=1e-6), key
+
+
+def test_gradient_checkpointing_gives_the_same_gradient():
+    trajectories = batch_of()
+    grads = []
+    for flag in (False, True):
+        learner = make_learner("grpo", f"learner.gradient_checkpointing={flag}")
+        learner.accumulate_gradients(learner.prepare(trajectories), torch.arange(len(trajectories)))
+        grads.append(gradients(learner))
+    for name in grads[0]:
+        assert torch.allclose(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-7), name
