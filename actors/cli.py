@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 # The entry point sets Ray's loopback switch before anything imports ray: a local Ray instance
 # started by this process (and its workers) then listens on 127.0.0.1 only.
 if not os.environ.get("RAY_ADDRESS"):
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
+import pydantic  # noqa: E402
 import structlog  # noqa: E402
 
 from actors.logs import configure_logging  # noqa: E402
@@ -35,14 +37,48 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_view(args: argparse.Namespace) -> int:
+    # Imported here: the viewer pulls in FastAPI and uvicorn, which train and envs never need.
+    from serve.viewer import ViewerError, serve_viewer
+
+    try:
+        serve_viewer(Path(args.run_dir), host=args.host, port=args.port)
+    except ViewerError as exc:
+        print(f"agentgym-rl: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def cmd_env_server(args: argparse.Namespace) -> int:
+    # Imported here: FastAPI and uvicorn are only needed by this command.
+    from envs.http.cli import run_server
+
+    return run_server(args)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    # Imported here: Ray Serve and FastAPI are only needed by this command.
+    from serve.cli import run_serve
+
+    return run_serve(args)
+
+
 def cmd_envs(args: argparse.Namespace) -> int:
-    print(f"{'env':<12} {'split':<6} {'tasks':>8}")
+    print(f"{'env':<16} {'split':<6} {'tasks':>8}")
     for name in names():
-        env = make(name)
-        for split in ("train", "test"):
-            print(f"{name:<12} {split:<6} {len(env.tasks(split)):>8}")
-        env.close()
         doc = (env_class(name).__doc__ or "").strip().splitlines()
+        try:
+            env = make(name)
+        except (EnvError, pydantic.ValidationError) as exc:
+            # e.g. a remote env without its server address, or SciWorld without Java
+            reason = str(exc).strip().splitlines()[0]
+            print(f"{name:<16} {'-':<6} {'-':>8}  (cannot list: {reason})")
+            continue
+        try:
+            for split in ("train", "test"):
+                print(f"{name:<16} {split:<6} {len(env.tasks(split)):>8}")
+        finally:
+            env.close()
         if doc:
             print(f"  {doc[0]}")
     return 0
@@ -63,6 +99,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
     p_train.set_defaults(func=cmd_train)
+
+    p_view = sub.add_parser("view", help="trajectory viewer web page for a run directory (follows a live run)")
+    p_view.add_argument("run_dir", metavar="RUN_DIR", help="run directory made by train")
+    p_view.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p_view.add_argument("--port", type=int, default=8265, help="port to listen on (default 8265)")
+    p_view.set_defaults(func=cmd_view)
+
+    p_server = sub.add_parser("env-server", help="serve an env over AgentGym's HTTP protocol")
+    p_server.add_argument("env", metavar="ENV", help="registered env name (see `agentgym-rl envs`)")
+    p_server.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p_server.add_argument("--port", type=int, default=36001, help="port to listen on (default 36001)")
+    p_server.add_argument("--max-envs", type=int, default=64, help="live env instances allowed at once (default 64)")
+    p_server.add_argument("--options", default="{}", help="env options as JSON, e.g. '{\"max_steps\": 64}'")
+    p_server.add_argument(
+        "--protocol",
+        choices=["agentgym", "searchqa"],
+        default=None,
+        help="wire protocol (default: searchqa for env search, agentgym otherwise)",
+    )
+    p_server.add_argument("--token", default=None, help="require this bearer token (default: $AGENTGYM_ENV_TOKEN)")
+    p_server.set_defaults(func=cmd_env_server)
+
+    p_serve = sub.add_parser("serve", help="serve a policy over HTTP (OpenAI-compatible chat, /v1/act)")
+    source = p_serve.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint", metavar="DIR", help="checkpoint directory (with policy/) or model directory")
+    source.add_argument("--model", metavar="NAME", help="built-in model name or local Hugging Face directory")
+    p_serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p_serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    p_serve.add_argument("--api-key", default=None, help="require this bearer key (default: $AGENTGYM_RL_API_KEY)")
+    p_serve.set_defaults(func=cmd_serve)
 
     p_envs = sub.add_parser("envs", help="list environments with their splits and task counts")
     p_envs.set_defaults(func=cmd_envs)

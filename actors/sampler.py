@@ -9,6 +9,7 @@ arriving meanwhile) and hands the results back. A slow environment delays only i
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 from dataclasses import dataclass
@@ -31,8 +32,12 @@ BATCH_WINDOW_S = 0.01
 
 @dataclass(frozen=True)
 class EpisodeRequest:
+    """One episode to play: the task, its group (task index in the iteration) and the seed of its
+    sampling stream (the trainer derives it from the run seed, so reruns sample the same tokens)."""
+
     task_id: int
     group: int
+    seed: int
 
 
 class SamplerActor:
@@ -53,6 +58,7 @@ class SamplerActor:
         self.env_config = env
         tokenizer = load_tokenizer(model.name)
         self.chat = ChatFormat(tokenizer)
+        self.eos_token_id = tokenizer.eos_token_id
         stop_ids = [tokenizer.eos_token_id]
         self.engine = make_engine(
             sampler.engine,
@@ -66,7 +72,7 @@ class SamplerActor:
         self.instruction: str | None = None
         self.free_envs: asyncio.Queue | None = None
         self.horizon: int | None = None
-        self.pending: list[tuple[list[int], asyncio.Future]] = []
+        self.pending: list[tuple[list[int], torch.Generator, asyncio.Future]] = []
         self.wake: asyncio.Event | None = None
         self.engine_lock: asyncio.Lock | None = None
         self.batch_task: asyncio.Task | None = None
@@ -127,7 +133,11 @@ class SamplerActor:
                 instruction=self.instruction,
                 reset=lambda task_id: env.reset.remote(task_id),
                 step=lambda text: env.step.remote(text),
-                generate=self._generate,
+                generate=(
+                    functools.partial(self._oracle_generate, env)
+                    if self.config.policy == "oracle"
+                    else functools.partial(self._generate, generator=torch.Generator().manual_seed(request.seed))
+                ),
                 chat=self.chat,
                 task_id=request.task_id,
                 group=request.group,
@@ -138,11 +148,17 @@ class SamplerActor:
         finally:
             self.free_envs.put_nowait(env)
 
-    async def _generate(self, prompt: list[int]) -> tuple[Generation, int]:
+    async def _generate(self, prompt: list[int], generator: torch.Generator) -> tuple[Generation, int]:
         future = asyncio.get_running_loop().create_future()
-        self.pending.append((prompt, future))
+        self.pending.append((prompt, generator, future))
         self.wake.set()
         return await future
+
+    async def _oracle_generate(self, env: ray.actor.ActorHandle, prompt: list[int]) -> tuple[Generation, int]:
+        """The env oracle's reply as if sampled: its ids end with the end-of-turn token."""
+        reply = await env.oracle_reply.remote()
+        ids = [*self.chat.encode(reply), self.eos_token_id]
+        return Generation(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop"), self.engine.weights_version
 
     def _active_episodes(self) -> int:
         return len(self.envs) - self.free_envs.qsize()
@@ -160,20 +176,21 @@ class SamplerActor:
             del self.pending[: len(batch)]
             if not batch:
                 continue
-            prompts = [prompt for prompt, _ in batch]
+            prompts = [prompt for prompt, _, _ in batch]
+            generators = [generator for _, generator, _ in batch]
             started = time.perf_counter()
             try:
                 async with self.engine_lock:
-                    results = await asyncio.to_thread(self.engine.generate, prompts, self.config.sampling)
+                    results = await asyncio.to_thread(self.engine.generate, prompts, self.config.sampling, generators)
                     version = self.engine.weights_version
             except Exception as exc:  # hand the failure to every waiting episode instead of hanging them
-                for _, future in batch:
+                for _, _, future in batch:
                     future.set_exception(exc)
                 continue
             self.stats["generate_calls"] += 1
             self.stats["generate_s"] += time.perf_counter() - started
             self.stats["generated_tokens"] += sum(len(r.token_ids) for r in results)
-            for (_, future), result in zip(batch, results, strict=True):
+            for (_, _, future), result in zip(batch, results, strict=True):
                 future.set_result((result, version))
             if self.pending:
                 self.wake.set()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -23,10 +24,12 @@ from actors.curriculum import CurriculumActor
 from actors.models import load_tokenizer, model_dir
 from actors.rundir import CONFIG_FILE, TRAINER_STATE, RunDir
 from actors.sampler import EpisodeRequest, SamplerActor
+from actors.tracking import select_trajectories, wandb_tracker
 from actors.trajectory import Trajectory
-from configs import Config, load_config
+from configs import Config, ConfigError, load_config
 from envs import make
 from learner.actor import LearnerActor
+from learner.algorithms import AlgorithmConfigError, build_algorithm
 
 log = structlog.get_logger()
 
@@ -109,6 +112,7 @@ class Trainer:
         self.resume = resume
         self.start_iteration = 0
         self.weights_version = 0
+        self.policy_server = None  # the Serve model deployment's handle when serve.enabled
 
     def _start_actors(self) -> None:
         cfg = self.config
@@ -117,9 +121,23 @@ class Trainer:
         self.schedule = TaskSchedule(list(env.tasks(cfg.env.split)), cfg.trainer.tasks_per_iteration, cfg.run.seed)
         env.close()
         learner_cls = ray.remote(LearnerActor).options(num_cpus=cfg.learner.num_cpus)
-        self.learner = learner_cls.remote(
-            model=cfg.model, learner=cfg.learner, algorithm=cfg.algorithm, seed=cfg.run.seed
-        )
+        master_port = free_port() if cfg.learner.backend == "deepspeed" else 0
+        self.learners = [
+            learner_cls.remote(
+                model=cfg.model,
+                learner=cfg.learner,
+                algorithm=cfg.algorithm,
+                seed=cfg.run.seed,
+                total_updates=cfg.trainer.iterations * cfg.learner.epochs * cfg.learner.minibatches,
+                rank=rank,
+                world_size=cfg.learner.count,
+                master_addr="127.0.0.1",
+                master_port=master_port,
+            )
+            for rank in range(cfg.learner.count)
+        ]
+        # Rank 0 publishes weights; every rank trains, saves and restores (collectives under DeepSpeed).
+        self.learner = self.learners[0]
         sampler_cls = ray.remote(SamplerActor).options(num_cpus=cfg.sampler.num_cpus, max_concurrency=1000)
         self.samplers = [
             sampler_cls.remote(index=i, model=cfg.model, sampler=cfg.sampler, env=cfg.env, seed=cfg.run.seed)
@@ -148,7 +166,7 @@ class Trainer:
             self.run_dir.keep_metrics_before(0)
             return
         state = json.loads((checkpoint / TRAINER_STATE).read_text())
-        self.weights_version = ray.get(self.learner.load_checkpoint.remote(str(checkpoint)))
+        self.weights_version = ray.get([lr.load_checkpoint.remote(str(checkpoint)) for lr in self.learners])[0]
         self.schedule.load_state(state["task_schedule"])
         ray.get(self.curriculum.load_state.remote(state["curriculum"]))
         self._sync_weights()
@@ -156,11 +174,34 @@ class Trainer:
         self.run_dir.keep_metrics_before(self.start_iteration)
         log.info("resumed", checkpoint=str(checkpoint), iteration=self.start_iteration, version=self.weights_version)
 
-    def _sync_weights(self) -> float:
+    def _start_serving(self) -> None:
+        # Imported here: serve builds on actors, and only a run with serve.enabled needs Ray Serve.
+        from serve.app import ServeArgs, ServeError, start_server
+
+        cfg = self.config
+        args = ServeArgs(model=cfg.model.name, dtype=cfg.model.dtype, seed=cfg.run.seed, serve=cfg.serve)
+        try:
+            self.policy_server = start_server(args)
+        except ServeError as exc:
+            raise TrainError(str(exc)) from exc
+        log.info("serving the policy", url=f"http://{cfg.serve.host}:{cfg.serve.port}/v1", model=cfg.model.name)
+
+    def _stop_serving(self) -> None:
+        from serve.app import stop_server
+
+        # Clients get a moment to read the final version before the endpoint goes away.
+        time.sleep(self.config.serve.linger_s)
+        stop_server()
+        self.policy_server = None
+
+    def _sync_weights(self, iteration: int | None = None) -> float:
         started = time.perf_counter()
         payload_ref = ray.get(self.learner.publish_weights.remote())
         versions = ray.get([s.load_weights.remote(payload_ref) for s in self.samplers])
         self.weights_version = versions[0]
+        if self.policy_server is not None:
+            # The same object-store ref the samplers read; the server swaps between generate batches.
+            self.policy_server.update_weights.remote(payload_ref, iteration).result()
         return time.perf_counter() - started
 
     def _rollout(self, iteration: int, progress: Progress | None) -> tuple[list[ray.ObjectRef], list[Trajectory]]:
@@ -169,7 +210,12 @@ class Trainer:
         pending = {}
         for group, task_id in enumerate(self.schedule.next()):
             sampler = self.samplers[group % len(self.samplers)]
-            requests = [EpisodeRequest(task_id=task_id, group=group)] * group_size
+            requests = [
+                EpisodeRequest(
+                    task_id=task_id, group=group, seed=episode_seed(self.config.run.seed, iteration, group, k)
+                )
+                for k in range(group_size)
+            ]
             pending[sampler.collect.remote(requests)] = group
         bar = None
         if progress is not None:
@@ -188,7 +234,7 @@ class Trainer:
 
     def _checkpoint(self, iterations_done: int) -> Path:
         staging = self.run_dir.staging_dir(iterations_done)
-        ray.get(self.learner.save_checkpoint.remote(str(staging)))
+        ray.get([lr.save_checkpoint.remote(str(staging)) for lr in self.learners])
         state = {
             "iterations_done": iterations_done,
             "weights_version": self.weights_version,
@@ -204,6 +250,8 @@ class Trainer:
         cfg = self.config
         structlog.contextvars.bind_contextvars(run=cfg.run.name)
         self._start_actors()
+        if cfg.serve.enabled:
+            self._start_serving()
         if self.resume:
             self._restore()
         last: dict = {}
@@ -218,7 +266,8 @@ class Trainer:
                 transient=False,
             )
             if show
-            else nullcontext() as progress
+            else nullcontext() as progress,
+            wandb_tracker(cfg, self.run_dir) as tracker,
         ):
             overall = None
             if progress is not None:
@@ -231,9 +280,12 @@ class Trainer:
                 horizon = ray.get(self.curriculum.start_iteration.remote(iteration))["horizon"]
                 refs, trajectories = self._rollout(iteration, progress)
                 rollout_s = time.perf_counter() - started
-                learner_metrics = ray.get(self.learner.update.remote(refs))
-                sync_s = self._sync_weights()
-                self.run_dir.write_trajectories(iteration, trajectories)
+                learner_metrics = ray.get([lr.update.remote(refs) for lr in self.learners])[0]
+                sync_s = self._sync_weights(iteration)
+                kept = select_trajectories(
+                    trajectories, cfg.logging.max_trajectories_per_iteration, cfg.run.seed, iteration
+                )
+                self.run_dir.write_trajectories(iteration, kept)
                 record = {
                     "iteration": iteration,
                     "horizon": horizon,
@@ -245,6 +297,8 @@ class Trainer:
                     "time/iteration_s": time.perf_counter() - started,
                 }
                 self.run_dir.append_metrics(record)
+                if tracker is not None:
+                    tracker.log_iteration(record, trajectories)
                 log.info(
                     "iteration done",
                     horizon=horizon,
@@ -262,7 +316,29 @@ class Trainer:
                     )
                 last = record
         structlog.contextvars.unbind_contextvars("iteration")
+        if self.policy_server is not None:
+            self._stop_serving()
         return last
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 for the learners' process group."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def episode_seed(run_seed: int, iteration: int, group: int, index: int) -> int:
+    """The seed of one episode's sampling stream, derived from the run seed (stable across resumes)."""
+    return int(np.random.SeedSequence([run_seed, iteration, group, index]).generate_state(1)[0])
+
+
+def check_algorithm(config: Config) -> None:
+    """Validate the algorithm section against the chosen algorithm before anything starts."""
+    try:
+        build_algorithm(config.algorithm.name, config.algorithm.model_extra or {})
+    except AlgorithmConfigError as exc:
+        raise ConfigError(f"invalid config: {exc}") from None
 
 
 def prepare_run(config_path: str | None, overrides: list[str], resume: str | None) -> tuple[Config, RunDir]:
@@ -276,10 +352,12 @@ def prepare_run(config_path: str | None, overrides: list[str], resume: str | Non
         if not (path / CONFIG_FILE).is_file():
             raise TrainError(f"--resume {resume}: no {CONFIG_FILE} there; give a run directory made by train")
         config = load_config(path / CONFIG_FILE, overrides)
+        check_algorithm(config)
         run_dir = RunDir(path)
         run_dir.create(config)
         return config, run_dir
     config = load_config(config_path, overrides)
+    check_algorithm(config)
     if config.run.name is None:
         config.run.name = f"{config.env.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = RunDir(Path(config.run.dir) / config.run.name)

@@ -47,6 +47,10 @@ class SamplingConfig(Section):
 
 class SamplerConfig(Section):
     engine: Literal["transformers", "vllm"] = Field("transformers", description="Generation engine.")
+    policy: Literal["model", "oracle"] = Field(
+        "model",
+        description="Who writes the replies: the model, or the env's oracle (demonstrations for `sft`).",
+    )
     count: int = Field(1, ge=1, description="Number of sampler actors.")
     envs_per_sampler: int = Field(4, ge=1, description="Env actors owned by each sampler (episodes run concurrently).")
     max_batch_size: int = Field(32, ge=1, description="Largest generation batch a sampler forms from pending turns.")
@@ -72,25 +76,50 @@ class SamplerConfig(Section):
 
 
 class AlgorithmConfig(Section):
+    """``name`` and ``group_size`` here; every other key is a hyperparameter of the chosen algorithm,
+    validated against that algorithm's own Config when the run starts (see README "Algorithms")."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
     name: str = Field(
-        "grpo", description="Registered algorithm name (`grpo`) or `package.module:Class` of a user algorithm."
+        "grpo",
+        description="Registered algorithm (`grpo`, `rloo`, `reinforce_pp`, `ppo`, `sft`) or `package.module:Class`.",
     )
-    group_size: int = Field(4, ge=1, description="Episodes sampled per task (the GRPO group).")
-    clip_eps: float = Field(0.2, gt=0.0, description="PPO-style ratio clip epsilon.")
-    kl_coef: float = Field(
-        0.001, ge=0.0, description="Weight of the KL-to-reference loss term (0 disables the reference)."
+    group_size: int = Field(4, ge=1, description="Episodes sampled per task (the group of GRPO and RLOO).")
+
+
+class LoraConfig(Section):
+    enabled: bool = Field(False, description="Train LoRA adapters instead of all weights (needs `peft`).")
+    r: int = Field(16, ge=1, description="Adapter rank.")
+    alpha: int = Field(32, ge=1, description="Adapter scaling numerator (scale = alpha / r).")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapter input.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], description="Module names to adapt."
     )
-    entropy_coef: float = Field(0.0, ge=0.0, description="Weight of the entropy bonus.")
-    adv_eps: float = Field(1e-6, gt=0.0, description="Added to the group std when normalising advantages.")
 
 
 class LearnerConfig(Section):
     backend: Literal["torch", "deepspeed"] = Field("torch", description="Training backend.")
-    count: int = Field(1, ge=1, description="Learner actors (data parallel).")
-    lr: float = Field(1e-6, gt=0.0, description="AdamW learning rate (constant).")
+    count: int = Field(1, ge=1, description="Learner actors (data parallel; more than 1 needs deepspeed).")
+    zero_stage: Literal[0, 1, 2] = Field(
+        2, description="DeepSpeed ZeRO stage (deepspeed backend only; stage 3 is not supported yet)."
+    )
+    lr: float = Field(1e-6, gt=0.0, description="AdamW peak learning rate.")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="Learning-rate decay after warm-up, over trainer.iterations updates."
+    )
+    warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warm-up from 0 to lr.")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0.0, description="Global gradient-norm clip.")
-    micro_batch_size: int = Field(4, ge=1, description="Trajectories per forward/backward; gradients accumulate.")
+    epochs: int = Field(1, ge=1, description="Passes over each iteration's batch (PPO epochs).")
+    minibatches: int = Field(1, ge=1, description="Optimizer steps per epoch; the batch is split in this many parts.")
+    micro_batch_size: int = Field(
+        4, ge=1, description="Sequences (or packed rows) per forward/backward; gradients accumulate."
+    )
+    packing: bool = Field(False, description="Pack several trajectories into one row (same loss, less padding).")
+    pack_tokens: int = Field(0, ge=0, description="Tokens per packed row; 0 = the longest trajectory of the batch.")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters.")
     num_cpus: float = Field(1.0, gt=0.0, description="CPUs reserved by each learner actor.")
     num_threads: int = Field(
         0,
@@ -100,13 +129,9 @@ class LearnerConfig(Section):
     )
 
     @model_validator(mode="after")
-    def _backend_available(self) -> LearnerConfig:
-        if self.backend == "deepspeed":
-            raise ValueError(
-                "learner.backend='deepspeed' is not available in this version; use learner.backend='torch'"
-            )
-        if self.count != 1:
-            raise ValueError("learner.count > 1 needs the deepspeed backend, which this version does not have; set 1")
+    def _backend_fits(self) -> LearnerConfig:
+        if self.backend == "torch" and self.count != 1:
+            raise ValueError("learner.count > 1 needs learner.backend='deepspeed'")
         return self
 
 
@@ -139,14 +164,88 @@ class TrainerConfig(Section):
     checkpoint_every: int = Field(10, ge=1, description="Save a checkpoint every N iterations (and after the last).")
 
 
+class WandbConfig(Section):
+    enabled: bool = Field(False, description="Log metrics, horizon changes and sample episodes to Weights & Biases.")
+    project: str = Field("agentgym-rl", description="W&B project name.")
+    entity: str | None = Field(None, description="W&B entity (user or team); None: wandb's default.")
+    mode: Literal["offline", "online"] = Field(
+        "offline",
+        description="`offline` writes the run under `dir` and needs no network; sync later with `wandb sync`.",
+    )
+    dir: str | None = Field(None, description="Where wandb writes its files; None: the run directory.")
+    episodes_per_iteration: int = Field(
+        4, ge=0, description="Episodes per iteration added to the `episodes` table (0: no table)."
+    )
+
+
 class LoggingConfig(Section):
     level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
     progress: bool = Field(True, description="Show a live progress bar per iteration.")
+    max_trajectories_per_iteration: int = Field(
+        0,
+        ge=0,
+        description="Write at most this many trajectories per iteration to trajectories/ (0 = all): every "
+        "success first, then failures drawn with the run seed; the learner still trains on all of them.",
+    )
+    wandb: WandbConfig = Field(default_factory=WandbConfig, description="Weights & Biases logging.")
 
 
 class RayConfig(Section):
     address: str | None = Field(None, description="Ray cluster address; None starts a local instance on 127.0.0.1.")
     num_cpus: int | None = Field(None, ge=1, description="CPUs for a local Ray instance (None: all cores).")
+
+
+class AutoscalingConfig(Section):
+    min_replicas: int = Field(1, ge=0, description="Fewest model replicas kept running.")
+    max_replicas: int = Field(2, ge=1, description="Most model replicas started under load.")
+    target_ongoing_requests: float = Field(
+        8.0, gt=0.0, description="Ongoing requests per replica that autoscaling aims for."
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalingConfig:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"serve.autoscaling.min_replicas ({self.min_replicas}) exceeds max_replicas ({self.max_replicas})"
+            )
+        return self
+
+
+class ServeConfig(Section):
+    enabled: bool = Field(False, description="Serve the policy over HTTP while training, updated every iteration.")
+    host: str = Field("127.0.0.1", description="Interface the HTTP server binds; anything but loopback is public.")
+    port: int = Field(8000, ge=1, le=65535, description="HTTP port.")
+    api_key: str | None = Field(
+        None,
+        min_length=1,
+        description="Bearer key every request must send; None reads AGENTGYM_RL_API_KEY, unset means no auth.",
+    )
+    num_replicas: int = Field(1, ge=1, description="Model replicas when `autoscaling` is not set.")
+    autoscaling: AutoscalingConfig | None = Field(
+        None, description="Scale model replicas with load instead of a fixed `num_replicas`."
+    )
+    num_cpus: float = Field(
+        0.05,
+        gt=0.0,
+        description="CPUs reserved by each model replica (small, so it fits beside samplers and the learner; "
+        "the replica's torch threads use the cores regardless).",
+    )
+    max_batch_size: int = Field(16, ge=1, description="Most requests one generation batch serves.")
+    batch_wait_timeout_s: float = Field(
+        0.01, ge=0.0, description="How long a batch waits for more requests before it generates."
+    )
+    max_tokens: int = Field(256, ge=1, description="Cap on generated tokens per request (larger requests get 400).")
+    max_prompt_tokens: int = Field(2048, ge=1, description="Longest accepted prompt, in tokens (longer: 400).")
+    max_body_bytes: int = Field(1_000_000, ge=1024, description="Largest accepted request body (larger: 413).")
+    linger_s: float = Field(
+        0.0, ge=0.0, description="Training: keep serving the final policy this long after the last iteration."
+    )
+
+    @model_validator(mode="after")
+    def _one_scaling_mode(self) -> ServeConfig:
+        if self.autoscaling is not None and "num_replicas" in self.model_fields_set:
+            raise ValueError("set serve.num_replicas or serve.autoscaling, not both")
+        return self
 
 
 class Config(Section):
@@ -162,3 +261,4 @@ class Config(Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Driver loop.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Logs and progress display.")
     ray: RayConfig = Field(default_factory=RayConfig, description="Ray cluster connection.")
+    serve: ServeConfig = Field(default_factory=ServeConfig, description="Policy HTTP endpoint.")

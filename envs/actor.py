@@ -7,7 +7,7 @@ from typing import Any
 
 import ray
 
-from envs.base import Observation, StepResult
+from envs.base import EnvError, Observation, StepResult
 from envs.registry import make
 
 
@@ -28,6 +28,16 @@ class EnvHost:
 
     def step(self, action_text: str) -> StepResult:
         return self.env.step(action_text)
+
+    def oracle_reply(self) -> str:
+        """The oracle's next move as model text: ``Action: <action>`` when the env parses that back to
+        the action, else the oracle's text as is (envs whose actions are tags, like ``<answer>``)."""
+        oracle = getattr(self.env, "oracle_action", None)
+        if oracle is None:
+            raise EnvError(f"env {self.env.name!r} has no oracle; sampler.policy=oracle needs one")
+        action = oracle()
+        reply = f"Action: {action}"
+        return reply if self.env.parse_action(reply) == action else action
 
     def health(self) -> bool:
         return True

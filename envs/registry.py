@@ -37,3 +37,7 @@ def make(name: str, options: dict[str, Any] | None = None) -> TextEnv:
 
 
 register("babyai", "envs.babyai:BabyAIEnv")
+register("agentgym-remote", "envs.http.client:AgentGymClient")
+register("textcraft", "envs.textcraft:TextCraftEnv")
+register("sciworld", "envs.sciworld:SciWorldEnv")
+register("search", "envs.search.env:SearchEnv")

@@ -6,6 +6,8 @@ import abc
 from dataclasses import dataclass
 from typing import Literal
 
+import torch
+
 from actors.weights import WeightsPayload
 from configs.schema import SamplingConfig
 
@@ -30,8 +32,18 @@ class Engine(abc.ABC):
     weights_version: int = 0
 
     @abc.abstractmethod
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
-        """Sample one continuation per prompt, in order."""
+    def generate(
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingConfig,
+        generators: list[torch.Generator] | None = None,
+    ) -> list[Generation]:
+        """Sample one continuation per prompt, in order.
+
+        ``generators`` (one per prompt) give each row its own random stream, so that an episode's
+        samples depend on its seed and not on which other episodes share the batch; without them
+        the engine's own seeded stream is used.
+        """
 
     @abc.abstractmethod
     def load_weights(self, payload: WeightsPayload) -> None:

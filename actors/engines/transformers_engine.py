@@ -53,7 +53,12 @@ class TransformersEngine(Engine):
         self.weights_version = 0
 
     @torch.inference_mode()
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingConfig,
+        generators: list[torch.Generator] | None = None,
+    ) -> list[Generation]:
         if not prompts:
             return []
         batch = len(prompts)
@@ -80,7 +85,14 @@ class TransformersEngine(Engine):
             scaled = next_logits / sampling.temperature
             step_logprobs = torch.log_softmax(scaled, dim=-1)  # (B, V)
             probs = torch.softmax(_filter_logits(scaled, sampling.top_k, sampling.top_p), dim=-1)
-            sampled = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)  # (B,)
+            if generators is None:
+                sampled = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)  # (B,)
+            else:
+                # One stream per row, drawn only while the row runs: a row's samples do not depend
+                # on which other rows share the batch or how long they run.
+                sampled = torch.full((batch,), self.pad_token_id, dtype=torch.long, device=self.device)
+                for row in (~finished).nonzero().flatten().tolist():
+                    sampled[row] = torch.multinomial(probs[row], 1, generator=generators[row])[0]
             sampled_lp = step_logprobs.gather(-1, sampled[:, None]).squeeze(-1)  # (B,)
             for row in (~finished).nonzero().flatten().tolist():
                 tokens[row].append(int(sampled[row]))

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import AutoModelForCausalLM
 
 REPO = Path(__file__).resolve().parents[2]
@@ -14,6 +15,11 @@ CLI = Path(sys.executable).parent / "agentgym-rl"
 TINY = [
     "--set",
     "model.name=tiny-random",
+    # an entropy bonus and a large step make the weights move although tiny-random never succeeds
+    "--set",
+    "algorithm.entropy_coef=0.01",
+    "--set",
+    "learner.lr=1e-3",
     "--set",
     "sampler.sampling.max_new_tokens=16",
     "--set",
@@ -32,7 +38,7 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_train_two_iterations_then_resume_to_three(tmp_path: Path):
+def test_train_two_iterations_then_resume_matches_an_uninterrupted_run(tmp_path: Path):
     run_dir = tmp_path / "runs" / "tiny"
     common = [*TINY, "--set", f"run.dir={tmp_path / 'runs'}", "--set", "run.name=tiny"]
     first = run_cli(
@@ -58,13 +64,39 @@ def test_train_two_iterations_then_resume_to_three(tmp_path: Path):
     again = run_cli("train", str(REPO / "configs" / "quickstart.yaml"), *common, cwd=tmp_path)
     assert again.returncode == 2 and "--resume" in again.stderr
 
-    resumed = run_cli("train", "--resume", str(run_dir), "--set", "trainer.iterations=3", cwd=tmp_path)
+    resumed = run_cli("train", "--resume", str(run_dir), "--set", "trainer.iterations=4", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["iteration"] for r in records] == [0, 1, 2]
-    assert records[2]["weights_version"] == 3
-    assert records[2]["horizon"] == 3  # stepwise: iteration 2 is the second stage
-    assert (run_dir / "checkpoints" / "iter_000003" / "trainer.json").is_file()
+    straight = run_cli(
+        "train",
+        str(REPO / "configs" / "quickstart.yaml"),
+        *TINY,
+        "--set",
+        f"run.dir={tmp_path / 'runs'}",
+        "--set",
+        "run.name=straight",
+        "--set",
+        "trainer.iterations=4",
+        cwd=tmp_path,
+    )
+    assert straight.returncode == 0, straight.stderr[-3000:]
+
+    # Stopping after 2 and resuming to 4 gives the run an uninterrupted 4 iterations gives.
+    resumed_records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    straight_dir = tmp_path / "runs" / "straight"
+    straight_records = [json.loads(line) for line in (straight_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in resumed_records] == [0, 1, 2, 3]
+    assert resumed_records[2]["horizon"] == 3  # stepwise: iterations 2-3 are the second stage
+    for mine, theirs in zip(resumed_records, straight_records, strict=True):
+        for key, value in theirs.items():
+            if not key.startswith("time/"):
+                assert mine[key] == pytest.approx(value, rel=1e-4, abs=1e-6), (mine["iteration"], key)
+    for name in ("iter_000004",):
+        a = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoints" / name / "policy").state_dict()
+        b = AutoModelForCausalLM.from_pretrained(straight_dir / "checkpoints" / name / "policy").state_dict()
+        for key in a:
+            assert torch.allclose(a[key], b[key], atol=1e-5), key
+    first_lines = (run_dir / "trajectories" / "iter_000003.jsonl").read_text().splitlines()
+    assert first_lines == (straight_dir / "trajectories" / "iter_000003.jsonl").read_text().splitlines()
 
 
 def test_bad_config_key_fails_with_its_name(tmp_path: Path):

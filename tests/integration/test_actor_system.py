@@ -50,14 +50,48 @@ def test_curriculum_push_reaches_every_sampler(system):
     assert ray.get(curriculum.start_iteration.remote(1)) == {"horizon": 2, "changed": False}
     assert ray.get(curriculum.start_iteration.remote(2)) == {"horizon": 3, "changed": True}
     assert [s["horizon"] for s in ray.get([s.state.remote() for s in samplers])] == [3, 3]
-    refs = ray.get(samplers[1].collect.remote([EpisodeRequest(task_id=121, group=0)]))
+    refs = ray.get(samplers[1].collect.remote([EpisodeRequest(task_id=121, group=0, seed=5)]))
     assert ray.get(refs[0]).horizon == 3
+
+
+def test_an_episode_samples_the_same_tokens_whatever_it_is_batched_with(system):
+    samplers = system["samplers"]
+    ray.get(system["curriculum"].start_iteration.remote(0))
+    alone = ray.get(ray.get(samplers[0].collect.remote([EpisodeRequest(task_id=121, group=0, seed=77)]))[0])
+    crowd = [EpisodeRequest(task_id=t, group=i, seed=s) for i, (t, s) in enumerate([(122, 1), (121, 77), (161, 3)])]
+    batched = ray.get(ray.get(samplers[1].collect.remote(crowd))[1])
+    assert batched.token_ids == alone.token_ids
+    assert batched.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+
+
+def test_oracle_policy_plays_demonstrations(ray_local):
+    overrides = [
+        "sampler.policy=oracle",
+        "sampler.max_context_tokens=16000",
+        "env.options.levels=[GoToRedBall]",
+        "env.options.oracle=true",
+    ]
+    config = load_config(None, [*OVERRIDES, *overrides])
+    sampler = (
+        ray.remote(SamplerActor)
+        .options(num_cpus=0.1)
+        .remote(index=0, model=config.model, sampler=config.sampler, env=config.env, seed=0)
+    )
+    ray.get(sampler.set_horizon.remote(20))
+    trajectories = ray.get(
+        ray.get(sampler.collect.remote([EpisodeRequest(task_id=t, group=0, seed=0) for t in (121, 161)]))
+    )
+    ray.kill(sampler)
+    for trajectory in trajectories:
+        assert trajectory.success and trajectory.done and not trajectory.truncated
+        assert all(action.startswith("Action: ") for action in trajectory.actions)
+        assert sum(trajectory.loss_mask) == sum(end - start for start, end in trajectory.turn_spans)
 
 
 def test_rollout_update_and_weight_sync(system):
     samplers, learner = system["samplers"], system["learner"]
     ray.get(system["curriculum"].start_iteration.remote(0))
-    requests = [EpisodeRequest(task_id=t, group=g) for g, t in enumerate([121, 122]) for _ in range(2)]
+    requests = [EpisodeRequest(task_id=t, group=g, seed=10 * g + k) for g, t in enumerate([121, 122]) for k in range(2)]
     refs = ray.get(samplers[0].collect.remote(requests))
     assert all(isinstance(ref, ray.ObjectRef) for ref in refs)
     trajectories = ray.get(refs)
@@ -87,5 +121,5 @@ def test_rollout_update_and_weight_sync(system):
     versions = ray.get([s.load_weights.remote(after) for s in samplers])
     assert versions == [1, 1]
     assert [s["weights_version"] for s in ray.get([s.state.remote() for s in samplers])] == [1, 1]
-    next_refs = ray.get(samplers[1].collect.remote([EpisodeRequest(task_id=121, group=0)]))
+    next_refs = ray.get(samplers[1].collect.remote([EpisodeRequest(task_id=121, group=0, seed=5)]))
     assert ray.get(next_refs[0]).weights_version == 1

@@ -1,0 +1,140 @@
+"""Served chat completions against the bare engine, at 1, 8 and 32 concurrent clients.
+
+    python benchmarks/serve.py [--quick]
+
+A local Ray instance serves ``tiny-random`` on 127.0.0.1 (Serve's HTTP proxy, the FastAPI ingress
+and one model replica with dynamic batching). C clients each send chat completions back to back
+(temperature 1, a fixed ``max_tokens``) until a request count or a time budget runs out; the table
+reports requests/s, generated tokens/s, p50/p99 latency, and the ratio of served tokens/s to the
+same engine's tokens/s when this process calls ``generate`` directly on batches of C prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import sys
+import time
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+# Run as a script, this file's folder leads sys.path and could shadow the `serve` package.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+
+import httpx  # noqa: E402
+
+from actors.chat import ChatFormat  # noqa: E402
+from actors.engines import make_engine  # noqa: E402
+from actors.models import load_tokenizer  # noqa: E402
+from actors.trainer import init_ray  # noqa: E402
+from configs import Config  # noqa: E402
+from configs.schema import SamplingConfig, ServeConfig  # noqa: E402
+from serve.app import ServeArgs, start_server, stop_server  # noqa: E402
+
+MODEL = "tiny-random"
+MESSAGES = [{"role": "user", "content": "Go to the red ball. What is your next action?"}]
+CONCURRENCY = (1, 8, 32)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def load_test(url: str, clients: int, requests: int, budget_s: float, max_tokens: int) -> dict[str, float]:
+    """C clients send requests back to back until ``requests`` are done or ``budget_s`` has passed."""
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": max_tokens}
+    latencies: list[float] = []
+    tokens = 0
+    issued = 0
+    deadline = time.perf_counter() + budget_s
+
+    async def client(http: httpx.AsyncClient) -> None:
+        nonlocal tokens, issued
+        while issued < requests and time.perf_counter() < deadline:
+            issued += 1
+            started = time.perf_counter()
+            response = await http.post(url + "/v1/chat/completions", json=body)
+            response.raise_for_status()
+            latencies.append(time.perf_counter() - started)
+            tokens += response.json()["usage"]["completion_tokens"]
+
+    limits = httpx.Limits(max_connections=clients)
+    async with httpx.AsyncClient(timeout=300, limits=limits) as http:
+        started = time.perf_counter()
+        await asyncio.gather(*(client(http) for _ in range(clients)))
+        elapsed = time.perf_counter() - started
+    return {
+        "requests": len(latencies),
+        "req_s": len(latencies) / elapsed,
+        "tok_s": tokens / elapsed,
+        "p50_ms": 1000 * statistics.median(latencies),
+        "p99_ms": 1000 * percentile(latencies, 0.99),
+    }
+
+
+def bare_engine_tokens_per_s(batch: int, rounds: int, max_tokens: int) -> float:
+    """Tokens/s of ``generate`` on batches of ``batch`` copies of the benchmark prompt, in this process."""
+    tokenizer = load_tokenizer(MODEL)
+    prompt = ChatFormat(tokenizer).prompt_ids(MESSAGES)
+    engine = make_engine(
+        "transformers",
+        model_name=MODEL,
+        dtype="float32",
+        seed=0,
+        stop_token_ids=[tokenizer.eos_token_id],
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=max_tokens)
+    engine.generate([prompt] * batch, sampling)  # warm-up
+    tokens = 0
+    started = time.perf_counter()
+    for _ in range(rounds):
+        tokens += sum(len(g.token_ids) for g in engine.generate([prompt] * batch, sampling))
+    return tokens / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer requests and a shorter budget (about a minute)")
+    args = parser.parse_args()
+    requests, budget_s, rounds, max_tokens = (48, 15.0, 2, 16) if args.quick else (256, 60.0, 5, 32)
+
+    init_ray(Config.model_validate({"ray": {"num_cpus": 2}}))
+    # Measured before and after serving and averaged: on a shared machine the load drifts during a run.
+    bare_before = {c: bare_engine_tokens_per_s(c, rounds, max_tokens) for c in CONCURRENCY}
+    port = free_port()
+    config = ServeConfig(port=port, max_batch_size=32, max_tokens=max_tokens)
+    start_server(ServeArgs(model=MODEL, serve=config))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        asyncio.run(load_test(url, 4, 8, 30.0, max_tokens))  # warm-up: replica threads, proxy routes
+        served = {c: asyncio.run(load_test(url, c, requests, budget_s, max_tokens)) for c in CONCURRENCY}
+    finally:
+        stop_server()
+    bare = {c: (bare_before[c] + bare_engine_tokens_per_s(c, rounds, max_tokens)) / 2 for c in CONCURRENCY}
+
+    print(f"\nserve benchmark: {MODEL}, max_tokens={max_tokens}, 127.0.0.1, one replica (max_batch_size 32)")
+    header = f"{'clients':>7} {'requests':>8} {'req/s':>8} {'tok/s':>8} {'p50 ms':>8} {'p99 ms':>8}"
+    print(header + f" {'engine tok/s':>12} {'served/engine':>13}")
+    for c in CONCURRENCY:
+        row = served[c]
+        print(
+            f"{c:>7} {row['requests']:>8} {row['req_s']:>8.1f} {row['tok_s']:>8.1f} {row['p50_ms']:>8.1f} "
+            f"{row['p99_ms']:>8.1f} {bare[c]:>12.1f} {row['tok_s'] / bare[c]:>13.2f}"
+        )
+    print("engine tok/s: the same engine's generate() on batches of <clients> prompts in this process (mean of a")
+    print("measurement before and one after the served runs); served/engine = served tok/s / engine tok/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,14 @@
+"""``python -m envs.http ENV [--host H] [--port P] [--max-envs N] [--options JSON] [--token T]``.
+
+The same server as ``agentgym-rl env-server``, started without importing the training stack
+(torch, transformers), so it is up in well under a second.
+"""
+
+import argparse
+import sys
+
+from envs.http.cli import add_server_arguments, run_server
+
+parser = argparse.ArgumentParser(prog="python -m envs.http", description="AgentGym-compatible env server.")
+add_server_arguments(parser)
+sys.exit(run_server(parser.parse_args()))

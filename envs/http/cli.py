@@ -1,0 +1,49 @@
+"""Command-line flags and entry of the env server (``agentgym-rl env-server`` and ``python -m envs.http``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import pydantic
+
+from envs.base import EnvError
+from envs.http.server import serve
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """The env server's command-line flags (shared with ``agentgym-rl env-server``)."""
+    parser.add_argument("env", metavar="ENV", help="registered env name (see `agentgym-rl envs`)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=36001, help="port to listen on (default 36001)")
+    parser.add_argument("--max-envs", type=int, default=64, help="live env instances allowed at once (default 64)")
+    parser.add_argument("--options", default="{}", help="env options as JSON, e.g. '{\"max_steps\": 64}'")
+    parser.add_argument(
+        "--protocol",
+        choices=["agentgym", "searchqa"],
+        default=None,
+        help="wire protocol (default: searchqa for env search, agentgym otherwise)",
+    )
+    parser.add_argument("--token", default=None, help="require this bearer token (default: $AGENTGYM_ENV_TOKEN)")
+
+
+def run_server(args: argparse.Namespace) -> int:
+    """Serve ``args.env``; returns 2 (after saying why) for a bad env name or bad options."""
+    token = args.token or os.environ.get("AGENTGYM_ENV_TOKEN") or None
+    try:
+        options = json.loads(args.options)
+        serve(
+            args.env,
+            host=args.host,
+            port=args.port,
+            max_envs=args.max_envs,
+            options=options,
+            token=token,
+            protocol=args.protocol,
+        )
+    except (ValueError, TypeError, pydantic.ValidationError, EnvError) as exc:
+        print(f"env-server: error: {exc}", file=sys.stderr)
+        return 2
+    return 0

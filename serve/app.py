@@ -1,0 +1,168 @@
+"""Build, start and stop the policy application: a FastAPI ingress in front of the model deployment."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import ray
+import structlog
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from actors.models import model_dir
+from configs.schema import ServeConfig
+from serve.deployment import STORE_NAMESPACE, PolicyModel, store_name
+from serve.routes import PolicyAPI, build_api
+
+API_KEY_ENV = "AGENTGYM_RL_API_KEY"
+APP_NAME = "agentgym-rl"
+POLICY_SUBDIR = "policy"
+INGRESS_CPUS = 0.05
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+log = structlog.get_logger()
+
+
+class ServeArgs(BaseModel):
+    """Arguments of :func:`build_app`: where the weights come from and the serve config."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    checkpoint: str | None = Field(
+        None, description="A checkpoint directory (its `policy/` Hugging Face dir) or a Hugging Face dir itself."
+    )
+    model: str | None = Field(None, description="A built-in model name or local Hugging Face directory.")
+    model_id: str | None = Field(None, description="Id clients send as `model`; default: the model name or dir name.")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Parameter dtype.")
+    seed: int = Field(0, description="Seeds the sampling generator of each replica.")
+    app_name: str = Field(APP_NAME, description="Serve application name.")
+    serve: ServeConfig = Field(default_factory=ServeConfig, description="Limits, auth and scaling.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ServeArgs:
+        if (self.checkpoint is None) == (self.model is None):
+            raise ValueError("give exactly one of checkpoint or model")
+        if self.checkpoint is not None:
+            self.source  # noqa: B018 -- resolving the directory now makes a bad checkpoint a validation error
+        return self
+
+    @property
+    def source(self) -> str:
+        """The model name or Hugging Face directory the weights and tokenizer are read from."""
+        if self.model is not None:
+            return self.model
+        folder = Path(self.checkpoint).expanduser()
+        if (folder / POLICY_SUBDIR / "config.json").is_file():
+            return str(folder / POLICY_SUBDIR)
+        if (folder / "config.json").is_file():
+            return str(folder)
+        raise ValueError(f"checkpoint {self.checkpoint!r} has neither {POLICY_SUBDIR}/config.json nor config.json")
+
+    @property
+    def served_id(self) -> str:
+        if self.model_id is not None:
+            return self.model_id
+        if self.model is not None:
+            return self.model
+        return Path(self.checkpoint).expanduser().resolve().name
+
+
+def resolve_api_key(config: ServeConfig) -> ServeConfig:
+    """``config`` with ``api_key`` filled from AGENTGYM_RL_API_KEY when it is unset there."""
+    if config.api_key is None and os.environ.get(API_KEY_ENV):
+        return config.model_copy(update={"api_key": os.environ[API_KEY_ENV]})
+    return config
+
+
+@serve.ingress()
+class PolicyIngress:
+    """HTTP front of the application; receives the model deployment's handle."""
+
+    def __init__(self, policy: DeploymentHandle, model_id: str, source: str, limits: ServeConfig) -> None:
+        self.api = PolicyAPI(policy, model_id=model_id, source=source, limits=limits)
+
+    def __serve_build_asgi_app__(self):
+        return build_api(self.api)
+
+
+def build_app(args: ServeArgs) -> serve.Application:
+    """The Serve application for ``args`` (run it with ``serve.run`` or :func:`start_server`).
+
+    Raises:
+        ValueError: the checkpoint or model cannot be found (checked here, before any replica starts).
+    """
+    source = args.source
+    model_dir(source)  # fail here, not in a replica, on an unknown model; builds a built-in once
+    limits = resolve_api_key(args.serve)
+    scaling: dict = {"num_replicas": limits.num_replicas}
+    if limits.autoscaling is not None:
+        scaling = {"autoscaling_config": limits.autoscaling.model_dump()}
+    model = serve.deployment(PolicyModel, name="PolicyModel").options(
+        ray_actor_options={"num_cpus": limits.num_cpus},
+        # Serve needs room for a full batch plus the next one forming while the first generates.
+        max_ongoing_requests=2 * limits.max_batch_size,
+        **scaling,
+    )
+    ingress = serve.deployment(PolicyIngress, name="PolicyIngress").options(
+        ray_actor_options={"num_cpus": INGRESS_CPUS}, max_ongoing_requests=1000
+    )
+    policy = model.bind(
+        source=source,
+        dtype=args.dtype,
+        seed=args.seed,
+        max_batch_size=limits.max_batch_size,
+        batch_wait_timeout_s=limits.batch_wait_timeout_s,
+        app_name=args.app_name,
+    )
+    return ingress.bind(policy, args.served_id, source, limits)
+
+
+class ServeError(RuntimeError):
+    """The application cannot start here; the message says which setting to change."""
+
+
+def check_resources(config: ServeConfig) -> None:
+    """Raise ServeError when the cluster's free CPUs cannot hold the first replicas (Serve would wait forever)."""
+    replicas = config.autoscaling.min_replicas if config.autoscaling is not None else config.num_replicas
+    needed = replicas * config.num_cpus + INGRESS_CPUS
+    free = ray.available_resources().get("CPU", 0.0)
+    if free + 1e-9 < needed:
+        raise ServeError(
+            f"serving needs {needed:g} free CPUs ({replicas} x serve.num_cpus={config.num_cpus:g} + "
+            f"{INGRESS_CPUS:g} for the HTTP ingress) but Ray has {free:g} free; lower serve.num_cpus or the "
+            "samplers'/learner's num_cpus, or raise ray.num_cpus"
+        )
+
+
+def start_server(args: ServeArgs) -> DeploymentHandle:
+    """Start Serve's HTTP proxy on ``serve.host:serve.port`` and run the app; returns the model deployment handle.
+
+    Raises:
+        ServeError: not enough free CPUs for the replicas (checked first: Serve itself would wait forever).
+    """
+    check_resources(args.serve)
+    if args.serve.host not in LOOPBACK_HOSTS and resolve_api_key(args.serve).api_key is None:
+        log.warning("serving on a public interface without an API key", host=args.serve.host)
+    serve.start(http_options={"host": args.serve.host, "port": args.serve.port})
+    serve.run(build_app(args), name=args.app_name, route_prefix="/")
+    return serve.get_deployment_handle("PolicyModel", app_name=args.app_name)
+
+
+def delete_app(app_name: str = APP_NAME) -> None:
+    """Delete the application and its weights store; Serve itself keeps running."""
+    serve.delete(app_name)
+    try:
+        store = ray.get_actor(store_name(app_name), namespace=STORE_NAMESPACE)
+    except ValueError:  # no replica ever started, so there is no store
+        store = None
+    if store is not None:
+        ray.kill(store)
+
+
+def stop_server(app_name: str = APP_NAME) -> None:
+    """Delete the application and its weights store, and shut Serve down."""
+    delete_app(app_name)
+    serve.shutdown()

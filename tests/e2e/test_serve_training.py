@@ -1,0 +1,140 @@
+"""The real CLI: a training run that serves its policy, and `agentgym-rl serve`, polled over HTTP."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CLI = Path(sys.executable).parent / "agentgym-rl"
+ITERATIONS = 3
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_cli(*args: str, cwd: Path) -> subprocess.Popen:
+    command = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "actors.cli"]
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "AGENTGYM_RL_API_KEY")}
+    return subprocess.Popen(
+        [*command, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+@pytest.mark.slow
+def test_training_run_serves_each_new_version(tmp_path: Path):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    settings = {
+        "model.name": "tiny-random",
+        "sampler.sampling.max_new_tokens": 8,
+        "curriculum.horizons": "[2]",
+        "trainer.iterations": ITERATIONS,
+        "trainer.checkpoint_every": ITERATIONS,
+        "logging.progress": "false",
+        "run.dir": tmp_path / "runs",
+        "run.name": "served",
+        "serve.enabled": "true",
+        "serve.port": port,
+        # Long enough for the pollers below to read the final version before the endpoint stops.
+        "serve.linger_s": 20,
+        "serve.num_cpus": 0.05,
+    }
+    overrides = [item for key, value in settings.items() for item in ("--set", f"{key}={value}")]
+    process = start_cli("train", str(REPO / "configs" / "quickstart.yaml"), *overrides, cwd=tmp_path)
+
+    versions: list[int] = []
+    errors: list[str] = []
+    served = 0
+    final_seen = threading.Event()
+
+    def poll_policy() -> None:
+        while process.poll() is None and not final_seen.is_set():
+            try:
+                info = httpx.get(url + "/v1/policy", timeout=30).json()
+            except httpx.TransportError:
+                if versions:  # once the endpoint is up it must stay up until the final version is read
+                    errors.append("policy poll lost the server")
+                    return
+                time.sleep(0.5)
+                continue
+            versions.append(info["weights_version"])
+            if info["weights_version"] == ITERATIONS:
+                final_seen.set()
+            time.sleep(0.1)
+
+    def request_stream() -> None:
+        nonlocal served
+        body = {"model": "tiny-random", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+        while process.poll() is None and not final_seen.is_set():
+            if not versions:
+                time.sleep(0.5)
+                continue
+            try:
+                response = httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
+            except httpx.TransportError as exc:
+                errors.append(f"request failed: {exc!r}")
+                return
+            if response.status_code != 200:
+                errors.append(f"{response.status_code}: {response.text[:200]}")
+                return
+            served += 1
+
+    threads = [threading.Thread(target=poll_policy), threading.Thread(target=request_stream)]
+    for thread in threads:
+        thread.start()
+    try:
+        output, _ = process.communicate(timeout=600)
+    finally:
+        process.kill()
+        for thread in threads:
+            thread.join()
+    assert process.returncode == 0, output[-3000:]
+    assert errors == []
+    assert versions == sorted(versions), versions
+    assert versions[-1] == ITERATIONS and len(set(versions)) >= 2, versions
+    assert served > 0
+
+
+@pytest.mark.slow
+def test_serve_command_until_ctrl_c(tmp_path: Path):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = start_cli("serve", "--model", "tiny-random", "--port", str(port), "--api-key", "k", cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert process.poll() is None, process.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, "server did not come up"
+            try:
+                if httpx.get(url + "/healthz", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.5)
+        assert httpx.get(url + "/v1/models", timeout=30).status_code == 401
+        models = httpx.get(url + "/v1/models", headers={"Authorization": "Bearer k"}, timeout=30).json()
+        assert [m["id"] for m in models["data"]] == ["tiny-random"]
+        process.send_signal(signal.SIGINT)
+        output, _ = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 130, output[-3000:]
+
+
+def test_serve_command_rejects_a_missing_checkpoint(tmp_path: Path):
+    process = start_cli("serve", "--checkpoint", str(tmp_path / "nothing"), cwd=tmp_path)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 2
+    assert "config.json" in output

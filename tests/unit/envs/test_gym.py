@@ -1,0 +1,47 @@
+"""The gymnasium registration of the text envs, played with the real BabyAI env."""
+
+from __future__ import annotations
+
+import gymnasium
+import pydantic
+import pytest
+
+import envs
+import envs.gym
+from envs.babyai import BabyAIEnv
+
+
+def test_every_env_is_registered():
+    assert [envs.gym.gym_id(name) for name in envs.names()] == envs.gym.register_all()
+    for name in envs.names():
+        assert envs.gym.gym_id(name) in gymnasium.registry
+
+
+def test_gymnasium_make_plays_a_babyai_episode_to_success():
+    actions = BabyAIEnv(levels=["GoToRedBall"]).oracle_episode(1)
+    env = gymnasium.make("agentgym/babyai-v0", levels=["GoToRedBall"])
+    assert isinstance(env.observation_space, gymnasium.spaces.Text)
+    obs, info = env.reset(options={"task_id": 1})
+    assert obs.startswith("Your goal: go to the red ball") and info["task_id"] == 1
+    assert env.observation_space.contains(obs)
+    for i, action in enumerate(actions):
+        obs, reward, terminated, truncated, info = env.step(f"Action: {action}")
+        assert env.observation_space.contains(obs)
+        assert terminated == (i == len(actions) - 1) and not truncated
+    assert reward > 0 and info["success"]
+    env.close()
+
+
+def test_reset_draws_seeded_tasks_and_time_limit_truncates():
+    env = gymnasium.make("agentgym/babyai-v0", levels=["GoToRedBall"], split="test", max_episode_steps=2)
+    first = [env.reset(seed=7)[1]["task_id"]] + [env.reset()[1]["task_id"] for _ in range(5)]
+    again = [env.reset(seed=7)[1]["task_id"]] + [env.reset()[1]["task_id"] for _ in range(5)]
+    assert first == again and set(first) <= {1, 41, 81}
+    env.reset(options={"task_id": 1})
+    assert env.step("Action: turn left")[3] is False
+    assert env.step("Action: turn left")[3] is True  # gymnasium's TimeLimit wrapper
+
+
+def test_bad_options_fail_at_make():
+    with pytest.raises(pydantic.ValidationError, match="unknown BabyAI levels"):
+        gymnasium.make("agentgym/babyai-v0", levels=["NoSuchLevel"])
