@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from dataclasses import dataclass
 
 import ray
@@ -98,6 +99,9 @@ class PolicyModel:
         )
         self.iteration: int | None = None
         self.updates = 0
+        self.batches = 0
+        self.batched_requests = 0
+        self.generate_s = 0.0
         # Held by each generate batch and by the swap: a batch always runs on one version of the weights.
         self.engine_lock = asyncio.Lock()
         self._generate_batch.set_max_batch_size(max_batch_size)
@@ -171,6 +175,8 @@ class PolicyModel:
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.01)
     async def _generate_batch(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
         results: list[GenerateResult | None] = [None] * len(requests)
+        self.batches += 1
+        self.batched_requests += len(requests)
         # The engine samples a whole batch with one setting; requests with different settings form sub-batches.
         groups: dict[str, list[int]] = {}
         for index, request in enumerate(requests):
@@ -180,7 +186,9 @@ class PolicyModel:
             for indices in groups.values():
                 sampling = requests[indices[0]].sampling
                 prompts = [requests[i].prompt_ids for i in indices]
+                started = time.perf_counter()
                 generations = await asyncio.to_thread(self.engine.generate, prompts, sampling)
+                self.generate_s += time.perf_counter() - started
                 for i, generation in zip(indices, generations, strict=True):
                     results[i] = GenerateResult(generation=generation, weights_version=version)
         return results
@@ -194,4 +202,7 @@ class PolicyModel:
             "weights_version": self.engine.weights_version,
             "iteration": self.iteration,
             "updates": self.updates,
+            "batches": self.batches,
+            "requests": self.batched_requests,
+            "generate_s": self.generate_s,
         }

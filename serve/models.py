@@ -142,6 +142,9 @@ class PolicyInfo(BaseModel):
     weights_version: int = Field(description="Version of the weights now loaded (0 = the source's own weights).")
     iteration: int | None = Field(description="Training iteration that produced them (None before any update).")
     updates: int = Field(description="Weight updates applied since start.")
+    batches: int = Field(description="Generation batches this replica has run.")
+    requests: int = Field(description="Requests those batches served (requests / batches = mean batch size).")
+    generate_s: float = Field(description="Seconds this replica has spent inside the engine's generate.")
 
 
 class Health(BaseModel):
