@@ -51,7 +51,6 @@ Minigrid quirks (3.2.0)
 from __future__ import annotations
 
 import json
-import re
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -65,7 +64,7 @@ from minigrid.core.constants import DIR_TO_VEC
 from minigrid.utils.baby_ai_bot import BabyAIBot
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv
+from envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv, action_after_marker
 
 LEVELS: tuple[str, ...] = (
     "GoToRedBallGrey",
@@ -131,8 +130,6 @@ _DESCRIBED_TYPES = frozenset({"door", "key", "ball", "box", "goal", "lava"})
 # What the description reports as "You are facing a ..." and what forbids "move forward".
 _BARRIER_TYPES = frozenset({"wall", "box"})
 
-_ACTION_PATTERN = re.compile(r"action\s*:", re.IGNORECASE)
-_QUOTES = "\"'`"
 
 _INSTRUCTION = (
     "You are an agent in a 2D grid world made of rooms, doors and objects. Each episode gives you "
@@ -372,15 +369,7 @@ class BabyAIEnv(TextEnv):
 
     def parse_action(self, model_text: str) -> str | InvalidAction:
         """The normalised text after the last ``Action:`` (first non-empty line), or InvalidAction."""
-        matches = list(_ACTION_PATTERN.finditer(model_text))
-        if not matches:
-            return InvalidAction(reason=NO_ACTION_FOUND)
-        lines = (line.strip() for line in model_text[matches[-1].end() :].splitlines())
-        action = next((line for line in lines if line), "")
-        action = action.strip().strip(_QUOTES).strip()
-        action = action.rstrip(".").strip().strip(_QUOTES).strip()
-        # Models sometimes double spaces or mix case; names are single-spaced lowercase.
-        action = " ".join(action.split()).lower()
+        action = action_after_marker(model_text)
         if not action:
             return InvalidAction(reason=NO_ACTION_FOUND)
         return action

@@ -8,10 +8,29 @@ that cannot be parsed or executed comes back as an observation that says what wa
 from __future__ import annotations
 
 import abc
+import re
 from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+_ACTION_MARKER = re.compile(r"action\s*:", re.IGNORECASE)
+_QUOTES = "\"'`"
+
+
+def action_after_marker(model_text: str) -> str:
+    """The action in an ``...Action: <action>`` reply, normalised; "" when there is none.
+
+    Takes the first non-empty line after the last ``Action:`` (any case), strips quotes and a
+    trailing period, collapses whitespace and lowercases it: models often decorate action names.
+    """
+    matches = list(_ACTION_MARKER.finditer(model_text))
+    if not matches:
+        return ""
+    lines = (line.strip() for line in model_text[matches[-1].end() :].splitlines())
+    action = next((line for line in lines if line), "")
+    action = action.strip(_QUOTES).strip().rstrip(".").strip().strip(_QUOTES).strip()
+    return " ".join(action.split()).lower()
 
 
 class EnvError(Exception):

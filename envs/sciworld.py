@@ -38,7 +38,6 @@ Oracle
 from __future__ import annotations
 
 import random
-import re
 import shutil
 from collections.abc import Sequence
 from typing import Any
@@ -47,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from scienceworld import ScienceWorldEnv
 from scienceworld.constants import TASKS
 
-from envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv
+from envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv, action_after_marker
 
 SIMPLIFICATIONS = (
     "teleportAction",
@@ -58,8 +57,6 @@ SIMPLIFICATIONS = (
     "easy",
 )
 SKIPPED_TASKS = frozenset({"5-1", "5-2", "9-1", "9-2", "9-3", "10-1", "10-2"})
-_ACTION_PATTERN = re.compile(r"action\s*:", re.IGNORECASE)
-_QUOTES = "\"'`"
 _MAX_ACTION_CHARS = 1000
 _UNKNOWN_ACTION = "No known action matches that input."
 NO_ACTION_FOUND = "No action found. End your reply with a line 'Action: <your action>'."
@@ -199,13 +196,7 @@ class SciWorldEnv(TextEnv):
 
     def parse_action(self, model_text: str) -> str | InvalidAction:
         """The first non-empty line after the last ``Action:``, trimmed and lowercased, or InvalidAction."""
-        matches = list(_ACTION_PATTERN.finditer(model_text))
-        if not matches:
-            return InvalidAction(reason=NO_ACTION_FOUND)
-        lines = (line.strip() for line in model_text[matches[-1].end() :].splitlines())
-        action = next((line for line in lines if line), "")
-        action = action.strip(_QUOTES).strip().rstrip(".").strip().strip(_QUOTES).strip()
-        action = " ".join(action.split()).lower()
+        action = action_after_marker(model_text)
         if not action:
             return InvalidAction(reason=NO_ACTION_FOUND)
         if len(action) > _MAX_ACTION_CHARS:

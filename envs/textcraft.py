@@ -55,12 +55,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv
+from envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv, action_after_marker
 
 _PREFIX = "minecraft:"
 _MAX_ACTION_CHARS = 1000
-_ACTION_PATTERN = re.compile(r"action\s*:", re.IGNORECASE)
-_QUOTES = "\"'`"
 _GET = re.compile(r"get (\d+) (.+)")
 _CRAFT = re.compile(r"craft (?:(\d+) )?(.+?) using (.+)")
 _COUNTED = re.compile(r"(\d+) (.+)")
@@ -270,13 +268,7 @@ class TextCraftEnv(TextEnv):
 
     def parse_action(self, model_text: str) -> str | InvalidAction:
         """The normalised first non-empty line after the last ``Action:``, or InvalidAction."""
-        matches = list(_ACTION_PATTERN.finditer(model_text))
-        if not matches:
-            return InvalidAction(reason=NO_ACTION_FOUND)
-        lines = (line.strip() for line in model_text[matches[-1].end() :].splitlines())
-        action = next((line for line in lines if line), "")
-        action = action.strip(_QUOTES).strip().rstrip(".").strip().strip(_QUOTES).strip()
-        action = " ".join(action.split()).lower()
+        action = action_after_marker(model_text)
         if not action:
             return InvalidAction(reason=NO_ACTION_FOUND)
         if len(action) > _MAX_ACTION_CHARS:
