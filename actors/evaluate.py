@@ -1,0 +1,364 @@
+"""``agentgym-rl eval``: play a policy on an env split and report success, score, pass@K and intervals.
+
+The metric functions at the top are pure (no Ray, no I/O). ``run_eval`` plays the episodes through
+real ``SamplerActor``s on Ray with the paper's evaluation protocol by default: temperature 1 and a
+per-env turn limit (BabyAI 20, SciWorld 30, TextCraft 30, Deep Search 30, WebArena 15).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import ray
+import structlog
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from scipy import stats
+
+from actors.models import model_dir
+from actors.rundir import CONFIG_FILE, RunDir
+from actors.sampler import EpisodeRequest, SamplerActor
+from actors.trainer import init_ray
+from actors.trajectory import Trajectory
+from configs import Config, ConfigError, load_config
+from configs.loader import apply_override, format_validation_error
+from envs import TextEnv, make
+from envs.babyai import LEVELS
+from envs.textcraft import RecipeBook, goals, recipe_book
+
+log = structlog.get_logger()
+
+# The paper's evaluation turn limits (REFERENCE.md "Evaluation"); other envs need --max-turns.
+DEFAULT_MAX_TURNS = {"babyai": 20, "sciworld": 30, "textcraft": 30, "search": 30, "webarena": 15}
+DEFAULT_TEMPERATURE = 1.0
+# Where LearnerActor.save_checkpoint writes the Hugging Face policy inside a checkpoint directory.
+POLICY_SUBDIR = "policy"
+Z_95 = 1.959963984540054  # standard normal quantile of 0.975
+
+
+class EvalError(ValueError):
+    """An evaluation that cannot run; the message names the bad argument and what to do."""
+
+
+# ----------------------------------------------------------------------------- pure metrics
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one task from ``n`` samples with ``c`` successes: 1 - C(n-c, k) / C(n, k).
+
+    (Chen et al. 2021, "Evaluating Large Language Models Trained on Code".)
+    """
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, float]:
+    """Wilson score interval of a success rate (95 % for the default ``z``)."""
+    if n < 1 or not 0 <= successes <= n:
+        raise ValueError(f"wilson_interval needs n >= 1 and 0 <= successes <= n, got {successes}/{n}")
+    p = successes / n
+    denom = 1 + z * z / n
+    center = (p + z * z / (2 * n)) / denom
+    half = z / denom * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, center - half), min(1.0, center + half)
+
+
+def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float] | None:
+    """Student-t interval of the mean of ``values``; None for fewer than two values."""
+    n = len(values)
+    if n < 2:
+        return None
+    mean = sum(values) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = float(stats.t.ppf((1 + confidence) / 2, n - 1)) * sd / math.sqrt(n)
+    return mean - half, mean + half
+
+
+class EpisodeResult(BaseModel):
+    """The evaluation record of one episode."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task_id: int
+    sample: int = Field(description="Index of this episode among the task's samples.")
+    category: str = Field(description="Task category (BabyAI level, SciWorld task, TextCraft depth, search hops).")
+    success: bool
+    score: float = Field(description="Outcome score: the reward, on 0-100 for SciWorld.")
+    turns: int
+    truncated: bool
+    failed: bool = Field(False, description="The env failed (died or timed out); counted as unsuccessful.")
+
+
+def summarize(results: Sequence[EpisodeResult], k: int) -> dict:
+    """Success rate (= avg@k), mean score, pass@k and their intervals over ``results``.
+
+    ``pass@k`` averages the unbiased per-task estimate over tasks with at least ``k`` samples;
+    intervals treat episodes as independent (samples of one task are not, so they are optimistic
+    when k > 1).
+    """
+    if not results:
+        raise ValueError("summarize needs at least one episode result")
+    by_task: dict[int, list[EpisodeResult]] = defaultdict(list)
+    for result in results:
+        by_task[result.task_id].append(result)
+    successes = sum(r.success for r in results)
+    scores = [r.score for r in results]
+    per_task_rate = [sum(r.success for r in runs) / len(runs) for runs in by_task.values()]
+    eligible = [runs for runs in by_task.values() if len(runs) >= k]
+    return {
+        "tasks": len(by_task),
+        "episodes": len(results),
+        "success_rate": successes / len(results),
+        "success_rate_ci95": wilson_interval(successes, len(results)),
+        "mean_score": sum(scores) / len(scores),
+        "mean_score_ci95": mean_interval(scores),
+        f"avg@{k}": sum(per_task_rate) / len(per_task_rate),
+        f"pass@{k}": (
+            sum(pass_at_k(len(runs), sum(r.success for r in runs), k) for runs in eligible) / len(eligible)
+            if eligible
+            else None
+        ),
+        "truncated_rate": sum(r.truncated for r in results) / len(results),
+        "turns_mean": sum(r.turns for r in results) / len(results),
+        "failed_rate": sum(r.failed for r in results) / len(results),
+    }
+
+
+def summarize_by_category(results: Sequence[EpisodeResult], k: int) -> dict[str, dict]:
+    """``summarize`` per task category, categories sorted by name."""
+    groups: dict[str, list[EpisodeResult]] = defaultdict(list)
+    for result in results:
+        groups[result.category].append(result)
+    return {name: summarize(groups[name], k) for name in sorted(groups)}
+
+
+# ----------------------------------------------------------------------------- categories and scores
+
+
+def crafting_depth(book: RecipeBook, item: str) -> int:
+    """Crafting steps on the longest ingredient chain below ``item`` along its shallowest recipes (base: 0)."""
+    return _depth(book, item, frozenset())
+
+
+def _depth(book: RecipeBook, item: str, path: frozenset[str]) -> int:
+    makers = [item] if item in book.recipes else book.members(item)
+    recipes = [recipe for maker in makers for recipe in book.recipes.get(maker, [])]
+    if not recipes or item in path:
+        return 0
+    below = path | {item}
+    return min(1 + max(_depth(book, name, below) for name, _ in recipe.inputs) for recipe in recipes)
+
+
+@cache
+def _textcraft_depths() -> tuple[int, ...]:
+    book = recipe_book()
+    return tuple(crafting_depth(book, goal) for goal in goals())
+
+
+def task_category(env: TextEnv, task_id: int) -> str:
+    """The category a task is reported under: BabyAI level, SciWorld task name, TextCraft crafting
+    depth, Deep Search hop count; ``all`` for envs without categories."""
+    if env.name == "babyai":
+        return LEVELS[task_id % len(LEVELS)]
+    if env.name == "sciworld":
+        return env.locate(task_id)[0]
+    if env.name == "textcraft":
+        return f"depth {_textcraft_depths()[task_id]}"
+    if env.name == "search":
+        return f"{len(env.questions[task_id].hops)} hops"
+    return "all"
+
+
+def episode_score(trajectory: Trajectory) -> float:
+    """The episode's score: its reward; SciWorld's is 0-100 (its rewards are score changes / 100),
+    with a failed task (simulator score -100) counted as 0."""
+    if trajectory.env == "sciworld":
+        return max(0.0, round(100 * trajectory.reward, 6))
+    return trajectory.reward
+
+
+def pick_tasks(tasks: Sequence[int], episodes: int | None) -> list[int]:
+    """All of ``tasks``, or ``episodes`` of them evenly spaced (so every category is reached)."""
+    if episodes is None:
+        return list(tasks)
+    if not 1 <= episodes <= len(tasks):
+        raise EvalError(f"--episodes {episodes}: the split has {len(tasks)} tasks; choose 1..{len(tasks)}")
+    return [tasks[i * len(tasks) // episodes] for i in range(episodes)]
+
+
+# ----------------------------------------------------------------------------- running
+
+
+class EvalOptions(BaseModel):
+    """Arguments of ``agentgym-rl eval``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    checkpoint: str | None = Field(None, description="A checkpoint dir (with policy/), a run dir (its latest).")
+    model: str | None = Field(None, description="A built-in model name or local Hugging Face directory.")
+    env: str = Field(description="Registered env name.")
+    split: str = Field("test", description="Split whose tasks are played.")
+    episodes: int | None = Field(None, ge=1, description="Tasks to play (evenly spaced over the split); None: all.")
+    max_turns: int | None = Field(None, ge=1, description="Turn limit; None: the paper's value for the env.")
+    samples: int = Field(1, ge=1, description="Episodes per task (K of pass@K and avg@K).")
+    temperature: float = Field(DEFAULT_TEMPERATURE, gt=0.0, description="Sampling temperature.")
+    seed: int = Field(0, description="Seed of every episode's sampling stream.")
+    output: str | None = Field(None, description="JSON report path; None: <run>/eval/<name>.json or ./eval/.")
+    overrides: list[str] = Field(default_factory=list, description="`--set key=value` config overrides.")
+
+
+def resolve_checkpoint(path: str) -> tuple[Path, Path, RunDir | None]:
+    """(checkpoint dir, policy model dir, run dir holding it or None) for ``--checkpoint``."""
+    folder = Path(path).expanduser()
+    if (folder / CONFIG_FILE).is_file() and (folder / "checkpoints").is_dir():
+        latest = RunDir(folder).latest_checkpoint()
+        if latest is None:
+            raise EvalError(f"--checkpoint {path}: run directory without a complete checkpoint")
+        folder = latest
+    if (folder / POLICY_SUBDIR / "config.json").is_file():
+        policy = folder / POLICY_SUBDIR
+    elif (folder / "config.json").is_file():
+        policy = folder
+    else:
+        raise EvalError(
+            f"--checkpoint {path}: neither {POLICY_SUBDIR}/config.json nor config.json there; give a run's "
+            "checkpoints/iter_N directory, a run directory or a Hugging Face model directory"
+        )
+    run_root = folder.parent.parent
+    in_run = folder.parent.name == "checkpoints" and (run_root / CONFIG_FILE).is_file()
+    return folder, policy, RunDir(run_root) if in_run else None
+
+
+def build_config(options: EvalOptions, policy: str, run_dir: RunDir | None) -> Config:
+    """The run's config (or the defaults) with the policy, env, split, temperature, seed and overrides."""
+    base = load_config(run_dir.path / CONFIG_FILE) if run_dir is not None else Config()
+    data = base.model_dump(mode="json")
+    same_env = data["env"]["name"] == options.env
+    data["model"]["name"] = policy
+    data["env"] = {"name": options.env, "split": options.split, "options": data["env"]["options"] if same_env else {}}
+    data["sampler"]["policy"] = "model"
+    data["sampler"]["sampling"]["temperature"] = options.temperature
+    data["run"]["seed"] = options.seed
+    for item in options.overrides:
+        apply_override(data, item)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, "eval settings")) from None
+
+
+def play(config: Config, tasks: list[int], samples: int, max_turns: int) -> list[Trajectory]:
+    """Play every task ``samples`` times on the configured samplers; trajectories by task, then sample."""
+    sampler_cls = ray.remote(SamplerActor).options(num_cpus=config.sampler.num_cpus, max_concurrency=1000)
+    samplers = [
+        sampler_cls.remote(index=i, model=config.model, sampler=config.sampler, env=config.env, seed=config.run.seed)
+        for i in range(config.sampler.count)
+    ]
+    ray.get([sampler.set_horizon.remote(max_turns) for sampler in samplers])
+    calls = []
+    for group, task_id in enumerate(tasks):
+        # Seeds depend on the eval seed, task and sample only, so a rerun samples the same tokens.
+        seeds = [int(s) for s in np.random.SeedSequence([config.run.seed, task_id]).generate_state(samples)]
+        requests = [EpisodeRequest(task_id=task_id, group=group, seed=seed) for seed in seeds]
+        calls.append(samplers[group % len(samplers)].collect.remote(requests))
+    refs = [ref for batch in ray.get(calls) for ref in batch]
+    return ray.get(refs)
+
+
+def run_eval(options: EvalOptions) -> tuple[dict, Path]:
+    """Evaluate; returns the report and the path of its JSON file (written)."""
+    if (options.checkpoint is None) == (options.model is None):
+        raise EvalError("give exactly one of --checkpoint DIR or --model NAME")
+    run_dir = None
+    if options.checkpoint is not None:
+        checkpoint, policy, run_dir = resolve_checkpoint(options.checkpoint)
+        source_name = checkpoint.name
+        policy_name = str(policy)
+    else:
+        policy_name = options.model
+        source_name = Path(options.model).name
+    max_turns = options.max_turns or DEFAULT_MAX_TURNS.get(options.env)
+    if max_turns is None:
+        raise EvalError(f"env {options.env!r} has no published turn limit; pass --max-turns N")
+    config = build_config(options, policy_name, run_dir)
+    model_dir(config.model.name)  # build a built-in model once here, before samplers race to do it
+    env = make(config.env.name, config.env.options)
+    try:
+        tasks = pick_tasks(list(env.tasks(options.split)), options.episodes)
+        init_ray(config)
+        try:
+            trajectories = play(config, tasks, options.samples, max_turns)
+        finally:
+            ray.shutdown()
+        per_task = defaultdict(int)
+        results = []
+        for trajectory in trajectories:
+            results.append(
+                EpisodeResult(
+                    task_id=trajectory.task_id,
+                    sample=per_task[trajectory.task_id],
+                    category=task_category(env, trajectory.task_id),
+                    success=trajectory.success,
+                    score=episode_score(trajectory),
+                    turns=trajectory.num_turns,
+                    truncated=trajectory.truncated,
+                    failed=trajectory.failed,
+                )
+            )
+            per_task[trajectory.task_id] += 1
+    finally:
+        env.close()
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{options.env}-{options.split}-{source_name}")
+    report = {
+        "name": name,
+        "policy": policy_name,
+        "checkpoint": options.checkpoint,
+        "env": options.env,
+        "split": options.split,
+        "samples": options.samples,
+        "max_turns": max_turns,
+        "temperature": options.temperature,
+        "seed": options.seed,
+        "max_new_tokens": config.sampler.sampling.max_new_tokens,
+        "max_context_tokens": config.sampler.max_context_tokens,
+        "overall": summarize(results, options.samples),
+        "categories": summarize_by_category(results, options.samples),
+        "results": [r.model_dump() for r in results],
+    }
+    if options.output is not None:
+        path = Path(options.output)
+    elif run_dir is not None:
+        path = run_dir.path / "eval" / f"{name}.json"
+    else:
+        path = Path("eval") / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2))
+    return report, path
+
+
+def format_table(report: dict) -> str:
+    """The overall and per-category rows of ``report`` as a fixed-width text table."""
+    k = report["samples"]
+    header = f"{'category':<40} {'tasks':>5} {'eps':>5} {'success [95% CI]':>22} {'score [95% CI]':>26}"
+    header += f" {f'pass@{k}':>7} {'trunc':>6}"
+    rows = [header, "-" * len(header)]
+    for name, row in [("overall", report["overall"]), *report["categories"].items()]:
+        low, high = row["success_rate_ci95"]
+        success = f"{row['success_rate']:.3f} [{low:.3f}, {high:.3f}]"
+        ci = row["mean_score_ci95"]
+        score = f"{row['mean_score']:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci is not None else "")
+        passed = row[f"pass@{k}"]
+        rows.append(
+            f"{name[:40]:<40} {row['tasks']:>5} {row['episodes']:>5} {success:>22} {score:>26} "
+            f"{'-' if passed is None else f'{passed:.3f}':>7} {row['truncated_rate']:>6.2f}"
+        )
+    return "\n".join(rows)

@@ -1,0 +1,80 @@
+"""The real `agentgym-rl eval` command on tiny-random: local Ray, real samplers, real BabyAI."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from actors.models import model_dir
+from actors.rundir import RunDir
+from configs import Config
+from envs.babyai import LEVELS
+
+CLI = Path(sys.executable).parent / "agentgym-rl"
+# short replies keep the run small; tiny-random never succeeds, the numbers are checked for shape
+FAST = ["--set", "sampler.sampling.max_new_tokens=8", "--set", "sampler.envs_per_sampler=2"]
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    command = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "actors.cli"]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.slow
+def test_eval_model_writes_a_report_with_every_task_sampled_k_times(tmp_path: Path):
+    output = tmp_path / "out" / "report.json"
+    done = run_cli(
+        "eval", "--model", "tiny-random", "--env", "babyai", "--episodes", "4", "--samples", "2",
+        "--max-turns", "2", "--output", str(output), *FAST, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(output.read_text())
+    assert (report["env"], report["split"], report["samples"], report["max_turns"]) == ("babyai", "test", 2, 2)
+    assert report["temperature"] == 1.0  # the paper's evaluation temperature
+    results = report["results"]
+    assert len(results) == 8
+    tasks = sorted({r["task_id"] for r in results})
+    assert len(tasks) == 4
+    assert all(sorted(r["sample"] for r in results if r["task_id"] == t) == [0, 1] for t in tasks)
+    assert all(r["category"] == LEVELS[r["task_id"] % 40] for r in results)
+    assert all(1 <= r["turns"] <= 2 for r in results)
+    overall = report["overall"]
+    assert overall["episodes"] == 8 and overall["tasks"] == 4
+    assert overall["success_rate"] == sum(r["success"] for r in results) / 8
+    assert set(report["categories"]) == {LEVELS[t % 40] for t in tasks}
+    assert "pass@2" in overall and "avg@2" in overall
+    assert "overall" in done.stdout and f"report: {output}" in done.stdout
+
+
+@pytest.mark.slow
+def test_eval_checkpoint_inside_a_run_writes_into_the_runs_eval_folder(tmp_path: Path):
+    run = RunDir(tmp_path / "runs" / "tiny")
+    run.create(Config.model_validate({"env": {"name": "babyai", "options": {"levels": ["GoToRedBall"]}}}))
+    checkpoint = run.checkpoint_dir(2)
+    shutil.copytree(model_dir("tiny-random"), checkpoint / "policy")
+    (checkpoint / "trainer.json").write_text("{}")
+
+    done = run_cli(
+        "eval", "--checkpoint", str(checkpoint), "--env", "babyai", "--episodes", "1", "--max-turns", "1",
+        *FAST, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((run.path / "eval" / "babyai-test-iter_000002.json").read_text())
+    # the run's env options apply: only GoToRedBall tasks exist there
+    assert [r["category"] for r in report["results"]] == ["GoToRedBall"]
+    assert report["policy"] == str(checkpoint / "policy")
+
+
+@pytest.mark.slow  # two CLI start-ups: 25-40 s on a loaded two-core machine
+def test_eval_rejects_an_env_without_a_turn_limit_and_a_missing_checkpoint(tmp_path: Path):
+    done = run_cli("eval", "--checkpoint", str(tmp_path / "nowhere"), "--env", "babyai", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "neither policy/config.json nor config.json" in done.stderr
+    done = run_cli("eval", "--model", "tiny-random", "--env", "agentgym-remote", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "pass --max-turns N" in done.stderr

@@ -1,0 +1,201 @@
+"""Evaluation metrics against hand-computed values, task categories from real envs, checkpoint resolution."""
+
+import itertools
+import shutil
+from pathlib import Path
+
+import pytest
+
+from actors.evaluate import (
+    EpisodeResult,
+    EvalError,
+    EvalOptions,
+    build_config,
+    episode_score,
+    mean_interval,
+    pass_at_k,
+    pick_tasks,
+    resolve_checkpoint,
+    summarize,
+    summarize_by_category,
+    task_category,
+    wilson_interval,
+)
+from actors.models import model_dir
+from actors.rundir import RunDir
+from actors.trajectory import Trajectory
+from configs import Config, ConfigError
+from envs import make
+from envs.textcraft import goals
+
+
+@pytest.mark.parametrize(
+    ("n", "c", "k", "expected"),
+    [
+        (5, 2, 1, 0.4),  # c / n
+        (5, 2, 2, 0.7),  # 1 - C(3,2)/C(5,2) = 1 - 3/10
+        (5, 0, 3, 0.0),
+        (3, 2, 2, 1.0),  # every pair holds a success
+        (10, 3, 5, 1 - 21 / 252),  # 1 - C(7,5)/C(10,5)
+    ],
+)
+def test_pass_at_k_hand_values(n, c, k, expected):
+    assert pass_at_k(n, c, k) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(("n", "c", "k"), [(4, 1, 2), (6, 2, 3), (5, 3, 4), (7, 0, 2)])
+def test_pass_at_k_equals_the_fraction_of_k_subsets_with_a_success(n, c, k):
+    outcomes = [True] * c + [False] * (n - c)
+    subsets = list(itertools.combinations(outcomes, k))
+    assert pass_at_k(n, c, k) == pytest.approx(sum(any(s) for s in subsets) / len(subsets))
+
+
+def test_pass_at_k_rejects_impossible_counts():
+    with pytest.raises(ValueError, match="n=2 c=3"):
+        pass_at_k(2, 3, 1)
+    with pytest.raises(ValueError, match="k=3"):
+        pass_at_k(2, 1, 3)
+
+
+def test_wilson_interval_hand_values():
+    # 8/10: center (0.8 + 1.96^2/20) / (1 + 1.96^2/10), half 1.96/1.38415 * sqrt(0.016 + 0.009604)
+    low, high = wilson_interval(8, 10)
+    assert low == pytest.approx(0.4902, abs=1e-4)
+    assert high == pytest.approx(0.9433, abs=1e-4)
+    low, high = wilson_interval(0, 10)
+    assert low == 0.0
+    assert high == pytest.approx(0.2775, abs=1e-4)
+    assert wilson_interval(10, 10)[1] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="n >= 1"):
+        wilson_interval(0, 0)
+
+
+def test_mean_interval_uses_student_t():
+    low, high = mean_interval([1.0, 2.0, 3.0, 4.0])
+    # mean 2.5, sd sqrt(5/3), t(0.975, 3) = 3.182446
+    half = 3.182446 * (5 / 3) ** 0.5 / 2
+    assert (low, high) == (pytest.approx(2.5 - half, abs=1e-5), pytest.approx(2.5 + half, abs=1e-5))
+    assert mean_interval([3.0]) is None
+
+
+def result(task_id: int, sample: int, success: bool, score: float, category: str = "a", truncated: bool = False):
+    return EpisodeResult(
+        task_id=task_id, sample=sample, category=category, success=success, score=score, turns=3, truncated=truncated
+    )
+
+
+def test_summarize_avg_and_pass_at_k_by_hand():
+    results = [
+        result(0, 0, True, 1.0, "x"),
+        result(0, 1, False, 0.0, "x", truncated=True),
+        result(1, 0, False, 0.0, "y", truncated=True),
+        result(1, 1, False, 0.5, "y"),
+        result(2, 0, True, 1.0, "x"),
+        result(2, 1, True, 1.0, "x"),
+    ]
+    overall = summarize(results, 2)
+    assert overall["tasks"] == 3 and overall["episodes"] == 6
+    assert overall["success_rate"] == pytest.approx(0.5)
+    assert overall["avg@2"] == pytest.approx((0.5 + 0.0 + 1.0) / 3)
+    assert overall["pass@2"] == pytest.approx((1.0 + 0.0 + 1.0) / 3)
+    assert overall["mean_score"] == pytest.approx(3.5 / 6)
+    assert overall["truncated_rate"] == pytest.approx(2 / 6)
+    assert overall["success_rate_ci95"] == pytest.approx(wilson_interval(3, 6))
+    by_category = summarize_by_category(results, 2)
+    assert list(by_category) == ["x", "y"]
+    assert by_category["x"]["success_rate"] == pytest.approx(0.75)
+    assert by_category["x"]["pass@2"] == pytest.approx(1.0)
+    assert by_category["y"]["pass@2"] == 0.0
+    assert by_category["y"]["mean_score"] == pytest.approx(0.25)
+
+
+def test_pick_tasks_spreads_evenly_and_checks_the_count():
+    assert pick_tasks(list(range(100, 110)), None) == list(range(100, 110))
+    assert pick_tasks(list(range(100, 110)), 5) == [100, 102, 104, 106, 108]
+    with pytest.raises(EvalError, match="has 10 tasks"):
+        pick_tasks(list(range(10)), 11)
+
+
+def trajectory(env: str, rewards: list[float], success: bool) -> Trajectory:
+    return Trajectory(
+        env=env,
+        task_id=0,
+        group=0,
+        token_ids=[1, 2],
+        loss_mask=[0, 1],
+        logprobs=[0.0, -1.0],
+        prompt_length=1,
+        turn_spans=[(1, 2)],
+        messages=[],
+        actions=["x"],
+        step_rewards=rewards,
+        reward=sum(rewards),
+        success=success,
+        done=True,
+        truncated=False,
+        horizon=5,
+        weights_version=0,
+    )
+
+
+def test_episode_score_puts_sciworld_on_0_to_100_and_failure_at_zero():
+    assert episode_score(trajectory("sciworld", [0.25, 0.5], False)) == pytest.approx(75.0)
+    assert episode_score(trajectory("sciworld", [0.3, -1.3], False)) == 0.0  # simulator score -100: failed
+    assert episode_score(trajectory("textcraft", [1.0], True)) == 1.0
+
+
+def test_categories_of_real_envs():
+    babyai = make("babyai", {"oracle": False})
+    assert task_category(babyai, 41) == "GoToRedBall"  # LEVELS[41 % 40]
+    textcraft = make("textcraft")
+    assert task_category(textcraft, goals().index("minecraft:oak_planks")) == "depth 1"  # planks from logs
+    assert task_category(textcraft, goals().index("minecraft:wooden_pickaxe")) == "depth 2"  # planks and sticks
+
+
+def test_category_of_sciworld_is_its_task_name():
+    pytest.importorskip("scienceworld")
+    if shutil.which("java") is None:
+        pytest.skip("SciWorld needs a java binary")
+    env = make("sciworld")
+    try:
+        assert task_category(env, 0) == "boil"  # ids 0-29 are boil (REFERENCE.md)
+        assert task_category(env, 30) == "melt"
+    finally:
+        env.close()
+
+
+def make_checkpoint(root: Path, iteration: int) -> Path:
+    """A run directory as train leaves it, with the tiny-random model as the checkpoint's policy."""
+    run = RunDir(root)
+    run.create(Config.model_validate({"env": {"name": "babyai", "options": {"levels": ["GoToRedBall"]}}}))
+    checkpoint = run.checkpoint_dir(iteration)
+    shutil.copytree(model_dir("tiny-random"), checkpoint / "policy")
+    (checkpoint / "trainer.json").write_text("{}")
+    return checkpoint
+
+
+def test_resolve_checkpoint_finds_policy_and_run_dir(tmp_path: Path):
+    older = make_checkpoint(tmp_path / "run", 2)
+    newer = make_checkpoint(tmp_path / "run", 4)
+    folder, policy, run_dir = resolve_checkpoint(str(older))
+    assert (folder, policy, run_dir.path) == (older, older / "policy", tmp_path / "run")
+    # a run directory means its latest complete checkpoint
+    assert resolve_checkpoint(str(tmp_path / "run"))[0] == newer
+    # a bare model directory is its own policy and belongs to no run
+    assert resolve_checkpoint(str(newer / "policy"))[1:] == (newer / "policy", None)
+    with pytest.raises(EvalError, match="neither policy/config.json nor config.json"):
+        resolve_checkpoint(str(tmp_path))
+
+
+def test_build_config_keeps_the_runs_env_options_and_applies_overrides(tmp_path: Path):
+    checkpoint = make_checkpoint(tmp_path / "run", 2)
+    _, policy, run_dir = resolve_checkpoint(str(checkpoint))
+    options = EvalOptions(env="babyai", temperature=0.7, overrides=["sampler.sampling.max_new_tokens=12"])
+    config = build_config(options, str(policy), run_dir)
+    assert config.model.name == str(policy)
+    assert config.env.options == {"levels": ["GoToRedBall"]} and config.env.split == "test"
+    assert config.sampler.sampling.temperature == 0.7 and config.sampler.sampling.max_new_tokens == 12
+    # another env starts from its own default options
+    assert build_config(EvalOptions(env="textcraft"), str(policy), run_dir).env.options == {}
+    with pytest.raises(ConfigError, match="sampler.sampling.max_tokens: unknown key"):
+        build_config(EvalOptions(env="babyai", overrides=["sampler.sampling.max_tokens=3"]), str(policy), None)
