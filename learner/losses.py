@@ -93,3 +93,33 @@ def clipped_value_loss(
         clipped = old_values + torch.clamp(values - old_values, -clip, clip)
         error = torch.maximum(error, (clipped - returns) ** 2)
     return 0.5 * error
+
+
+def dpo_loss(
+    chosen_logps: torch.Tensor,
+    rejected_logps: torch.Tensor,
+    ref_chosen_logps: torch.Tensor,
+    ref_rejected_logps: torch.Tensor,
+    beta: float,
+    label_smoothing: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Direct Preference Optimization loss per pair (Rafailov et al. 2023), conservative with
+    ``label_smoothing`` (the preference label is flipped with that probability).
+
+    With h = (logp_c - ref_c) - (logp_r - ref_r): loss = -(1 - eps) log sigmoid(beta h) - eps log sigmoid(-beta h).
+
+    Args:
+        chosen_logps, rejected_logps: (P,) policy log-probabilities of each pair's sequences, summed
+            over sampled tokens (with grad).
+        ref_chosen_logps, ref_rejected_logps: (P,) the same under the frozen reference model.
+        beta: inverse temperature of the implicit reward.
+        label_smoothing: eps in [0, 0.5).
+
+    Returns:
+        ((P,) loss, (P,) implicit reward margin beta * h).
+    """
+    margin = beta * ((chosen_logps - ref_chosen_logps) - (rejected_logps - ref_rejected_logps))
+    loss = -(1.0 - label_smoothing) * torch.nn.functional.logsigmoid(margin) - label_smoothing * (
+        torch.nn.functional.logsigmoid(-margin)
+    )
+    return loss, margin

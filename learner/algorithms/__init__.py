@@ -9,6 +9,7 @@ from learner.algorithms.base import (
     register_algorithm,
     resolve_algorithm,
 )
+from learner.algorithms.dpo import DPO, build_pairs
 from learner.algorithms.grpo import GRPO
 from learner.algorithms.policy_gradient import PolicyGradient, PolicyGradientParams
 from learner.algorithms.ppo import PPO
@@ -17,6 +18,7 @@ from learner.algorithms.rloo import RLOO
 from learner.algorithms.sft import SFT
 
 __all__ = [
+    "DPO",
     "GRPO",
     "PPO",
     "RLOO",
@@ -29,6 +31,7 @@ __all__ = [
     "ReinforcePP",
     "algorithm_names",
     "build_algorithm",
+    "build_pairs",
     "register_algorithm",
     "resolve_algorithm",
 ]

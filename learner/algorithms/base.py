@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import abc
 import importlib
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+if TYPE_CHECKING:
+    from actors.trajectory import Trajectory
 
 # Batch columns (see learner.batching.collate) and forward outputs the hooks receive. Every
 # per-token column is (B, T) and aligned with next-token targets.
@@ -69,6 +72,19 @@ class Algorithm(abc.ABC):
     def needs_reference(self) -> bool:
         """Whether the learner keeps a frozen reference model and provides ``ref_logprobs``."""
         return False
+
+    def select_trajectories(self, trajectories: list[Trajectory]) -> list[Trajectory]:
+        """The rows the learner trains on, in order; by default every trajectory once.
+
+        An algorithm that learns from arrangements of episodes (e.g. preference pairs) returns them
+        here; an episode may appear several times or not at all.
+        """
+        return trajectories
+
+    def micro_batch_groups(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """(B,) ids of rows that must share a minibatch and micro-batch (e.g. the two rows of a
+        preference pair), or None when every row stands alone (the default)."""
+        return None
 
     @abc.abstractmethod
     def compute_advantages(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -1,0 +1,157 @@
+"""``trainer.mode: agentevol``: AgentEvol (Xi et al. 2024, AgentGym) as rounds of self-improvement.
+
+Each round the current policy explores ``agentevol.tasks_per_round`` training tasks
+``agentevol.samples_per_task`` times; the episodes that pass the filter join the episodes kept in
+earlier rounds (and the logged ``data.files``, e.g. expert demonstrations), and the policy is
+fine-tuned (``sft``, ``learner.epochs`` passes) on that merged set. Every round is a metrics line
+(``iteration`` = round) with the exploration's success rate, optionally a held-out test-split
+success rate, and a checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Literal
+
+import ray
+import structlog
+
+from actors.data import load_trajectories
+from actors.rundir import RunDir
+from actors.sampler import EpisodeRequest
+from actors.tracking import select_trajectories, wandb_tracker
+from actors.trainer import Trainer, episode_seed, rollout_metrics, split_failed
+from actors.trajectory import Trajectory
+from configs import Config
+from envs import make
+
+log = structlog.get_logger()
+
+# Group ids of evaluation episodes, far from the exploration groups so their seeds never collide.
+EVAL_GROUP_OFFSET = 1_000_000
+
+
+def filter_episodes(trajectories: Sequence[Trajectory], mode: Literal["success", "top_k"], k: int) -> list[int]:
+    """Indices of the episodes AgentEvol keeps, in input order.
+
+    ``success``: every successful episode. ``top_k``: per task (``env``, ``task_id``), the ``k``
+    episodes with the highest reward among those with reward > 0 (ties keep input order).
+    """
+    if mode == "success":
+        return [i for i, t in enumerate(trajectories) if t.success]
+    by_task: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for i, t in enumerate(trajectories):
+        if t.reward > 0:
+            by_task[(t.env, t.task_id)].append(i)
+    kept = [i for members in by_task.values() for i in sorted(members, key=lambda i: -trajectories[i].reward)[:k]]
+    return sorted(kept)
+
+
+class AgentEvolTrainer(Trainer):
+    """Reuses the sync trainer's actors, rollout, weight sync and checkpoints; replaces its loop.
+
+    The rounds run as the trainer's iterations with ``samples_per_task`` as the group size and
+    ``tasks_per_round`` tasks per iteration.
+
+    Args:
+        config: the resolved run config (``trainer.mode: agentevol``, ``algorithm.name: sft``).
+        run_dir: the run directory.
+        resume: continue from the latest complete checkpoint; the kept episodes of earlier rounds
+            are re-read from ``trajectories/`` (complete when ``logging.max_trajectories_per_iteration``
+            keeps every success, e.g. 0).
+    """
+
+    def __init__(self, config: Config, run_dir: RunDir, *, resume: bool = False) -> None:
+        self.evol = config.agentevol
+        rounds = config.model_copy(deep=True)
+        rounds.algorithm.group_size = self.evol.samples_per_task
+        rounds.trainer.tasks_per_iteration = self.evol.tasks_per_round
+        rounds.trainer.iterations = self.evol.rounds
+        super().__init__(rounds, run_dir, resume=resume)
+        self.seed_data = load_trajectories(config.data.files) if config.data.files else []
+
+    def _test_tasks(self) -> list[int]:
+        if self.evol.eval_tasks == 0:
+            return []
+        env = make(self.config.env.name, self.config.env.options)
+        try:
+            return list(env.tasks("test"))[: self.evol.eval_tasks]
+        finally:
+            env.close()
+
+    def _evaluate(self, round_index: int, tasks: list[int]) -> float:
+        """Success rate of the current policy on ``tasks``, one episode each."""
+        calls = defaultdict(list)
+        for k, task_id in enumerate(tasks):
+            group = EVAL_GROUP_OFFSET + k
+            seed = episode_seed(self.config.run.seed, round_index, group, 0)
+            calls[k % len(self.samplers)].append(EpisodeRequest(task_id=task_id, group=group, seed=seed))
+        pending = [self.samplers[s].collect.remote(requests) for s, requests in calls.items()]
+        episodes = ray.get([ref for refs in ray.get(pending) for ref in refs])
+        return sum(t.success for t in episodes if not t.failed) / max(sum(not t.failed for t in episodes), 1)
+
+    def _kept_before(self, round_index: int) -> list[ray.ObjectRef]:
+        """The filtered episodes of rounds before ``round_index``, re-read from the run directory."""
+        kept = []
+        for r in range(round_index):
+            path = self.run_dir.trajectories / f"iter_{r:06d}.jsonl"
+            explored = load_trajectories([str(path)]) if path.is_file() else []
+            kept += [ray.put(explored[i]) for i in filter_episodes(explored, self.evol.filter, self.evol.k)]
+        return kept
+
+    def run(self) -> dict:
+        """Run ``agentevol.rounds`` rounds; returns the last round's metrics."""
+        cfg, evol = self.config, self.evol
+        structlog.contextvars.bind_contextvars(run=cfg.run.name)
+        self._start_actors()
+        if self.resume:
+            self._restore()
+        test_tasks = self._test_tasks()
+        dataset = [ray.put(t) for t in self.seed_data] + self._kept_before(self.start_iteration)
+        last: dict = {}
+        with wandb_tracker(cfg, self.run_dir) as tracker:
+            for round_index in range(self.start_iteration, evol.rounds):
+                structlog.contextvars.bind_contextvars(iteration=round_index)
+                started = time.perf_counter()
+                horizon = ray.get(self.curriculum.start_iteration.remote(round_index))["horizon"]
+                refs, explored, failed = split_failed(*self._rollout(round_index, None))
+                rollout_s = time.perf_counter() - started
+                kept = filter_episodes(explored, evol.filter, evol.k)
+                dataset += [refs[i] for i in kept]
+                learner_metrics = ray.get([lr.update.remote(dataset) for lr in self.learners])[0]
+                sync_s = self._sync_weights(round_index)
+                record = {
+                    "iteration": round_index,
+                    "horizon": horizon,
+                    "weights_version": self.weights_version,
+                    **rollout_metrics(explored, failed),
+                    "agentevol/kept": float(len(kept)),
+                    "agentevol/dataset": float(len(dataset)),
+                    **learner_metrics,
+                    "time/rollout_s": rollout_s,
+                    "time/sync_s": sync_s,
+                }
+                if test_tasks:
+                    record["eval/test_success_rate"] = self._evaluate(round_index, test_tasks)
+                record["time/iteration_s"] = time.perf_counter() - started
+                limit = cfg.logging.max_trajectories_per_iteration
+                self.run_dir.write_trajectories(
+                    round_index, select_trajectories(explored, limit, cfg.run.seed, round_index)
+                )
+                self.run_dir.append_metrics(record)
+                if tracker is not None:
+                    tracker.log_iteration(record, explored)
+                log.info(
+                    "round done",
+                    success_rate=round(record["success_rate"], 3),
+                    kept=len(kept),
+                    dataset=len(dataset),
+                    test_success_rate=record.get("eval/test_success_rate"),
+                    loss=round(record.get("learner/loss", 0.0), 5),
+                )
+                self._checkpoint(round_index + 1)
+                last = record
+        structlog.contextvars.unbind_contextvars("iteration")
+        return last

@@ -1,0 +1,120 @@
+"""End to end through the real CLI on tiny-random: offline DPO on imported episodes, and AgentEvol rounds."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+from transformers import AutoModelForCausalLM
+
+from actors.cli import main
+from actors.data import load_trajectories
+from actors.rundir import RunDir
+from envs import make
+from tests.e2e.test_train_cli import run_cli
+from tests.unit.actors.test_data import LEVELS, oracle_episodes, strip_token_ids
+
+BASE = {
+    "model": {"name": "tiny-random"},
+    "env": {"name": "babyai", "options": LEVELS},
+    "learner": {"lr": 1.0e-3, "micro_batch_size": 2},
+    "logging": {"progress": False},
+    "ray": {"num_cpus": 2},
+}
+
+
+def write_config(tmp_path: Path, name: str, **sections) -> Path:
+    config = {**BASE, "run": {"dir": str(tmp_path / "runs"), "name": name, "seed": 0}, **sections}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def records_of(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_offline_dpo_on_imported_episodes(tmp_path: Path, tokenizer):
+    # Logged episodes: each task cut short by a 2-turn horizon (failure) and played out (success).
+    logged = RunDir(tmp_path / "logged")
+    logged.trajectories.mkdir(parents=True)
+    logged.write_trajectories(0, oracle_episodes(tokenizer, tasks=2, horizons=(2, 30)))
+    assert main(["data", "export", str(logged.path), "--output", str(tmp_path / "episodes.jsonl")]) == 0
+    strip_token_ids(tmp_path / "episodes.jsonl", tmp_path / "plain.jsonl")
+    imported = tmp_path / "imported"
+    assert (
+        main(["data", "import", str(tmp_path / "plain.jsonl"), "--run-dir", str(imported), "--model", "tiny-random"])
+        == 0
+    )
+
+    config = write_config(
+        tmp_path,
+        "dpo",
+        algorithm={"name": "dpo", "beta": 0.5},
+        trainer={"mode": "offline", "iterations": 2, "tasks_per_iteration": 2, "checkpoint_every": 1},
+        data={"files": [str(imported)]},
+    )
+    result = run_cli("train", str(config), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "finished iteration 1" in result.stdout
+    run = tmp_path / "runs" / "dpo"
+    records = records_of(run)
+    assert [r["iteration"] for r in records] == [0, 1]
+    assert all(r["learner/trajectories"] == 4 for r in records)  # two tasks, one pair each
+    # The first step starts at the reference (every margin 0, loss log 2); the second has learnt the pairs.
+    assert records[0]["learner/dpo_loss"] == pytest.approx(math.log(2), rel=1e-3)
+    assert records[1]["learner/dpo_loss"] < records[0]["learner/dpo_loss"]
+    assert records[1]["learner/dpo_margin"] > 0
+    for name in ("iter_000001", "iter_000002"):
+        AutoModelForCausalLM.from_pretrained(run / "checkpoints" / name / "policy")
+
+
+@pytest.mark.slow
+def test_agentevol_rounds_explore_filter_merge_and_fine_tune(tmp_path: Path):
+    config = write_config(
+        tmp_path,
+        "evol",
+        sampler={
+            "policy": "oracle",
+            "envs_per_sampler": 4,
+            "max_context_tokens": 4096,
+            "sampling": {"max_new_tokens": 16},
+        },
+        algorithm={"name": "sft"},
+        # an 8-turn horizon cuts the oracle short on some tasks, so the filter has failures to drop
+        curriculum={"schedule": "fixed", "horizon": 8},
+        trainer={"mode": "agentevol"},
+        agentevol={"rounds": 2, "tasks_per_round": 3, "samples_per_task": 2, "filter": "success", "eval_tasks": 2},
+    )
+    result = run_cli("train", str(config), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    env = make("babyai", LEVELS)
+    # The oracle policy solves a held-out task exactly when its plan fits the 8-turn horizon.
+    expected_test_rate = sum(len(env.oracle_episode(t)) <= 8 for t in list(env.tasks("test"))[:2]) / 2
+    run = tmp_path / "runs" / "evol"
+    records = records_of(run)
+    assert [r["iteration"] for r in records] == [0, 1]
+    dataset = 0
+    for record in records:
+        explored = load_trajectories([str(run / "trajectories" / f"iter_{record['iteration']:06d}.jsonl")])
+        assert len(explored) == 3 * 2
+        successes = sum(t.success for t in explored)
+        assert record["success_rate"] == pytest.approx(successes / 6)
+        assert record["agentevol/kept"] == successes
+        dataset += successes
+        assert record["agentevol/dataset"] == dataset  # merged with the earlier rounds
+        assert record["eval/test_success_rate"] == expected_test_rate
+        if dataset:
+            assert record["learner/trajectories"] == dataset and record["learner/nll"] > 0
+    assert 0 < dataset < 12
+    for name in ("iter_000001", "iter_000002"):
+        AutoModelForCausalLM.from_pretrained(run / "checkpoints" / name / "policy")
+
+
+def test_agentevol_needs_sft(tmp_path: Path, capsys):
+    config = write_config(tmp_path, "bad", algorithm={"name": "grpo"}, trainer={"mode": "agentevol"})
+    assert main(["train", str(config)]) == 2
+    assert "algorithm.name=sft" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
