@@ -20,6 +20,7 @@ from actors.models import ModelError  # noqa: E402
 from actors.trainer import TrainError, prepare_run, train  # noqa: E402
 from configs import ConfigError  # noqa: E402
 from envs import EnvError, env_class, make, names  # noqa: E402
+from envs.http.cli import add_server_arguments, run_server  # noqa: E402
 
 log = structlog.get_logger()
 
@@ -50,9 +51,6 @@ def cmd_view(args: argparse.Namespace) -> int:
 
 
 def cmd_env_server(args: argparse.Namespace) -> int:
-    # Imported here: FastAPI and uvicorn are only needed by this command.
-    from envs.http.cli import run_server
-
     return run_server(args)
 
 
@@ -61,6 +59,53 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from serve.cli import run_serve
 
     return run_serve(args)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    # Imported here: only eval needs the evaluation module and its scipy import.
+    from actors.evaluate import EvalError, EvalOptions, format_table, run_eval
+
+    try:
+        options = EvalOptions(
+            checkpoint=args.checkpoint,
+            model=args.model,
+            env=args.env,
+            split=args.split,
+            episodes=args.episodes,
+            max_turns=args.max_turns,
+            samples=args.samples,
+            temperature=args.temperature,
+            seed=args.seed,
+            output=args.output,
+            overrides=args.set,
+        )
+        configure_logging("warning")
+        report, path = run_eval(options)
+    except (EvalError, pydantic.ValidationError) as exc:
+        print(f"agentgym-rl: error: {exc}", file=sys.stderr)
+        return 2
+    print(format_table(report))
+    print(f"report: {path}")
+    return 0
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    # Imported here: only the data commands need the export format.
+    from actors.data import DataError, export_run, import_episodes
+
+    try:
+        if args.data_command == "export":
+            run_dir = Path(args.run_dir)
+            output = Path(args.output) if args.output else run_dir / "export.jsonl"
+            count = export_run(run_dir, output)
+            print(f"exported {count} episodes to {output}")
+        else:
+            count = import_episodes(Path(args.file), Path(args.run_dir), args.model)
+            print(f"imported {count} episodes into {Path(args.run_dir) / 'trajectories'}")
+    except DataError as exc:
+        print(f"agentgym-rl: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def cmd_envs(args: argparse.Namespace) -> int:
@@ -107,18 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_view.set_defaults(func=cmd_view)
 
     p_server = sub.add_parser("env-server", help="serve an env over AgentGym's HTTP protocol")
-    p_server.add_argument("env", metavar="ENV", help="registered env name (see `agentgym-rl envs`)")
-    p_server.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p_server.add_argument("--port", type=int, default=36001, help="port to listen on (default 36001)")
-    p_server.add_argument("--max-envs", type=int, default=64, help="live env instances allowed at once (default 64)")
-    p_server.add_argument("--options", default="{}", help="env options as JSON, e.g. '{\"max_steps\": 64}'")
-    p_server.add_argument(
-        "--protocol",
-        choices=["agentgym", "searchqa"],
-        default=None,
-        help="wire protocol (default: searchqa for env search, agentgym otherwise)",
-    )
-    p_server.add_argument("--token", default=None, help="require this bearer token (default: $AGENTGYM_ENV_TOKEN)")
+    add_server_arguments(p_server)
     p_server.set_defaults(func=cmd_env_server)
 
     p_serve = sub.add_parser("serve", help="serve a policy over HTTP (OpenAI-compatible chat, /v1/act)")
@@ -129,6 +163,38 @@ def build_parser() -> argparse.ArgumentParser:
     p_serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     p_serve.add_argument("--api-key", default=None, help="require this bearer key (default: $AGENTGYM_RL_API_KEY)")
     p_serve.set_defaults(func=cmd_serve)
+
+    p_eval = sub.add_parser("eval", help="evaluate a checkpoint or model on an env split (success, score, pass@K)")
+    policy = p_eval.add_mutually_exclusive_group(required=True)
+    policy.add_argument("--checkpoint", metavar="DIR", help="a run's checkpoints/iter_N dir, a run dir or a model dir")
+    policy.add_argument("--model", metavar="NAME", help="built-in model name or local Hugging Face directory")
+    p_eval.add_argument("--env", required=True, help="registered env name (see `agentgym-rl envs`)")
+    p_eval.add_argument("--split", default="test", help="split to evaluate on (default test)")
+    p_eval.add_argument("--episodes", type=int, default=None, help="tasks to play, evenly spaced (default: all)")
+    p_eval.add_argument("--max-turns", type=int, default=None, help="turn limit (default: the paper's for the env)")
+    p_eval.add_argument("--samples", type=int, default=1, help="episodes per task, K of pass@K (default 1)")
+    p_eval.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
+    p_eval.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p_eval.add_argument("--output", metavar="FILE", help="JSON report path (default: <run>/eval/<name>.json)")
+    p_eval.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key of the samplers"
+    )
+    p_eval.set_defaults(func=cmd_eval)
+
+    p_data = sub.add_parser("data", help="export a run's trajectories, or import episodes for offline training")
+    data_sub = p_data.add_subparsers(dest="data_command", required=True)
+    p_export = data_sub.add_parser("export", help="write a run's trajectories as episode JSONL")
+    p_export.add_argument("run_dir", metavar="RUN_DIR", help="run directory made by train")
+    p_export.add_argument("--output", metavar="FILE", help="output file (default: RUN_DIR/export.jsonl)")
+    p_import = data_sub.add_parser("import", help="turn episode JSONL into a run directory's trajectories/")
+    p_import.add_argument("file", metavar="FILE", help="episode JSONL (the export format)")
+    p_import.add_argument("--run-dir", required=True, metavar="DIR", help="directory to write trajectories/ into")
+    p_import.add_argument(
+        "--model",
+        default="smollm2-135m-instruct",
+        help="model whose chat template renders episodes without token ids (default smollm2-135m-instruct)",
+    )
+    p_data.set_defaults(func=cmd_data)
 
     p_envs = sub.add_parser("envs", help="list environments with their splits and task counts")
     p_envs.set_defaults(func=cmd_envs)

@@ -52,8 +52,7 @@ async def run_episode(
         truncation_reason = "context"
     while truncation_reason is None:
         generation, version = await generate(token_ids)
-        if weights_version is None:
-            weights_version = version
+        weights_version = version if weights_version is None else min(weights_version, version)
         start = len(token_ids)
         token_ids += generation.token_ids
         loss_mask += [1] * len(generation.token_ids)

@@ -71,6 +71,18 @@ class RunDir:
         staging.rename(target)
         return target
 
+    def complete_checkpoints(self) -> list[Path]:
+        """Complete checkpoints, oldest first (a staging folder or a folder without trainer state is not one)."""
+        return sorted(p for p in self.checkpoints.glob("iter_*") if (p / TRAINER_STATE).is_file())
+
+    def prune_checkpoints(self, keep: int) -> list[Path]:
+        """Delete all but the newest ``keep`` complete checkpoints (``keep=0``: delete none); returns the deleted."""
+        complete = self.complete_checkpoints()
+        doomed = complete[:-keep] if keep and len(complete) > keep else []
+        for path in doomed:
+            shutil.rmtree(path, ignore_errors=True)
+        return doomed
+
     def latest_checkpoint(self) -> Path | None:
-        complete = sorted(p for p in self.checkpoints.glob("iter_*") if (p / TRAINER_STATE).is_file())
+        complete = self.complete_checkpoints()
         return complete[-1] if complete else None

@@ -4,6 +4,8 @@ Each episode is a coroutine (``actors.rollout.run_episode``). Episodes that are 
 model put their prompt on a queue; one batching loop takes every pending prompt, runs a single
 batched ``generate`` in a worker thread (torch releases the GIL, so environment replies keep
 arriving meanwhile) and hands the results back. A slow environment delays only its own episode.
+An env actor that dies or exceeds ``sampler.env_timeout_s`` is killed and replaced; its episode is
+retried once from the start on a free actor, then returned as a ``failed`` record (never trained on).
 """
 
 from __future__ import annotations
@@ -15,15 +17,25 @@ import time
 from dataclasses import dataclass
 
 import ray
+import structlog
 import torch
 
 from actors.chat import ChatFormat
 from actors.engines import Generation, make_engine
 from actors.models import load_tokenizer
 from actors.rollout import run_episode
+from actors.trajectory import Trajectory
 from actors.weights import WeightsPayload
 from configs.schema import EnvConfig, ModelConfig, SamplerConfig
 from envs.actor import create_env_actor
+
+log = structlog.get_logger()
+
+# What an env actor that died, cannot be reached or hangs raises; the episode moves to a fresh actor.
+ENV_FAILURES = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, TimeoutError)
+# Starting an env actor (a process, imports, env construction) is not an env step: it gets its own,
+# longer limit, so that ``env_timeout_s`` can be tight.
+ENV_START_TIMEOUT_S = 300.0
 
 # How long the batching loop waits for the rest of the active episodes to ask for a turn before
 # it generates for those already waiting. Env steps take milliseconds; generation takes far longer.
@@ -76,7 +88,7 @@ class SamplerActor:
         self.wake: asyncio.Event | None = None
         self.engine_lock: asyncio.Lock | None = None
         self.batch_task: asyncio.Task | None = None
-        self.stats = {"generate_calls": 0, "generated_tokens": 0, "generate_s": 0.0}
+        self.stats = {"generate_calls": 0, "generated_tokens": 0, "generate_s": 0.0, "env_replacements": 0}
 
     def _ensure_loop_state(self) -> None:
         # asyncio objects must be created on the actor's event loop, which __init__ does not run on.
@@ -121,32 +133,75 @@ class SamplerActor:
             raise RuntimeError(f"sampler {self.index} has no horizon; register it with the CurriculumActor first")
         horizon = self.horizon
         if self.instruction is None:
+            await asyncio.gather(*(self._started(env) for env in self.envs))
             self.instruction = await self.envs[0].instruction.remote()
         trajectories = await asyncio.gather(*(self._play(request, horizon) for request in requests))
         return [ray.put(trajectory) for trajectory in trajectories]
 
-    async def _play(self, request: EpisodeRequest, horizon: int):
-        env = await self.free_envs.get()
+    async def _env_call(self, ref: ray.ObjectRef):
+        """Await one env actor call for at most ``sampler.env_timeout_s`` (TimeoutError beyond it)."""
+
+        return await asyncio.wait_for(self._await(ref), self.config.env_timeout_s)
+
+    async def _started(self, env: ray.actor.ActorHandle) -> None:
+        """Wait until ``env`` has started; a failure here surfaces on its first episode call instead."""
         try:
-            return await run_episode(
-                env_name=self.env_config.name,
-                instruction=self.instruction,
-                reset=lambda task_id: env.reset.remote(task_id),
-                step=lambda text: env.step.remote(text),
-                generate=(
-                    functools.partial(self._oracle_generate, env)
-                    if self.config.policy == "oracle"
-                    else functools.partial(self._generate, generator=torch.Generator().manual_seed(request.seed))
-                ),
-                chat=self.chat,
-                task_id=request.task_id,
-                group=request.group,
-                horizon=horizon,
-                max_new_tokens=self.config.sampling.max_new_tokens,
-                max_context_tokens=self.config.max_context_tokens,
-            )
-        finally:
-            self.free_envs.put_nowait(env)
+            await asyncio.wait_for(self._await(env.health.remote()), ENV_START_TIMEOUT_S)
+        except ENV_FAILURES as exc:
+            log.warning("env actor did not start", reason=f"{type(exc).__name__}: {exc}".splitlines()[0])
+
+    @staticmethod
+    async def _await(ref: ray.ObjectRef):
+        return await ref
+
+    async def _replace_env(self, env: ray.actor.ActorHandle) -> ray.actor.ActorHandle:
+        """Kill ``env`` (it may be hung, not dead) and start a fresh actor in its place."""
+        ray.kill(env, no_restart=True)
+        fresh = create_env_actor(self.env_config.name, self.env_config.options)
+        self.envs[self.envs.index(env)] = fresh
+        self.stats["env_replacements"] += 1
+        await self._started(fresh)
+        return fresh
+
+    async def _play(self, request: EpisodeRequest, horizon: int) -> Trajectory:
+        """Play ``request``; an env failure moves it to a fresh env actor once, then records it as failed."""
+        reasons = []
+        for _ in range(2):
+            env = await self.free_envs.get()
+            try:
+                return await self._play_on(env, request, horizon)
+            except ENV_FAILURES as exc:
+                reasons.append(f"{type(exc).__name__}: {exc}".splitlines()[0])
+                log.warning("env actor failed; replacing it", task_id=request.task_id, reason=reasons[-1])
+                env = await self._replace_env(env)
+            finally:
+                self.free_envs.put_nowait(env)
+        return Trajectory.failure(
+            env=self.env_config.name,
+            task_id=request.task_id,
+            group=request.group,
+            horizon=horizon,
+            reason="; ".join(reasons),
+        )
+
+    async def _play_on(self, env: ray.actor.ActorHandle, request: EpisodeRequest, horizon: int) -> Trajectory:
+        return await run_episode(
+            env_name=self.env_config.name,
+            instruction=self.instruction,
+            reset=lambda task_id: self._env_call(env.reset.remote(task_id)),
+            step=lambda text: self._env_call(env.step.remote(text)),
+            generate=(
+                functools.partial(self._oracle_generate, env)
+                if self.config.policy == "oracle"
+                else functools.partial(self._generate, generator=torch.Generator().manual_seed(request.seed))
+            ),
+            chat=self.chat,
+            task_id=request.task_id,
+            group=request.group,
+            horizon=horizon,
+            max_new_tokens=self.config.sampling.max_new_tokens,
+            max_context_tokens=self.config.max_context_tokens,
+        )
 
     async def _generate(self, prompt: list[int], generator: torch.Generator) -> tuple[Generation, int]:
         future = asyncio.get_running_loop().create_future()
@@ -156,7 +211,7 @@ class SamplerActor:
 
     async def _oracle_generate(self, env: ray.actor.ActorHandle, prompt: list[int]) -> tuple[Generation, int]:
         """The env oracle's reply as if sampled: its ids end with the end-of-turn token."""
-        reply = await env.oracle_reply.remote()
+        reply = await self._env_call(env.oracle_reply.remote())
         ids = [*self.chat.encode(reply), self.eos_token_id]
         return Generation(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop"), self.engine.weights_version
 

@@ -84,9 +84,19 @@ class TaskSchedule:
         self.rng.bit_generator.state = state
 
 
-def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
-    n = len(trajectories)
+def split_failed(
+    refs: list[ray.ObjectRef], trajectories: list[Trajectory]
+) -> tuple[list[ray.ObjectRef], list[Trajectory], int]:
+    """Drop the episodes whose env failed (they are never trained on); returns the rest and the count."""
+    played = [(ref, t) for ref, t in zip(refs, trajectories, strict=True) if not t.failed]
+    return [ref for ref, _ in played], [t for _, t in played], len(trajectories) - len(played)
+
+
+def rollout_metrics(trajectories: list[Trajectory], failed: int = 0) -> dict[str, float]:
+    """Episode statistics of the played ``trajectories``; ``failed`` episodes are only counted."""
+    n = max(len(trajectories), 1)
     return {
+        "rollout/failed": float(failed),
         "success_rate": sum(t.success for t in trajectories) / n,
         "mean_reward": sum(t.reward for t in trajectories) / n,
         "rollout/episodes": float(n),
@@ -206,6 +216,10 @@ class Trainer:
 
     def _rollout(self, iteration: int, progress: Progress | None) -> tuple[list[ray.ObjectRef], list[Trajectory]]:
         """Play this iteration's task groups; returns the trajectory refs and the trajectories, by group."""
+        return self._await_rollout(self._launch_rollout(iteration), iteration, progress)
+
+    def _launch_rollout(self, iteration: int) -> dict[ray.ObjectRef, int]:
+        """Draw this iteration's tasks and start their episodes; returns each collect call's group."""
         group_size = self.config.algorithm.group_size
         pending = {}
         for group, task_id in enumerate(self.schedule.next()):
@@ -217,6 +231,13 @@ class Trainer:
                 for k in range(group_size)
             ]
             pending[sampler.collect.remote(requests)] = group
+        return pending
+
+    def _await_rollout(
+        self, pending: dict[ray.ObjectRef, int], iteration: int, progress: Progress | None
+    ) -> tuple[list[ray.ObjectRef], list[Trajectory]]:
+        """Wait for the collect calls of ``_launch_rollout``; returns trajectory refs and trajectories, by group."""
+        group_size = self.config.algorithm.group_size
         bar = None
         if progress is not None:
             bar = progress.add_task(f"iteration {iteration} episodes", total=len(pending) * group_size, status="")
@@ -232,6 +253,15 @@ class Trainer:
         refs = [ref for group in sorted(by_group) for ref in by_group[group]]
         return refs, ray.get(refs)
 
+    def _update(self, refs: list[ray.ObjectRef]) -> dict:
+        """Train every learner on ``refs``; a dead learner ends the run with a message, never a hang."""
+        try:
+            return ray.get([lr.update.remote(refs) for lr in self.learners])[0]
+        except ray.exceptions.RayActorError as exc:
+            latest = self.run_dir.latest_checkpoint()
+            hint = f"resume with --resume {self.run_dir.path}" if latest else "no checkpoint was saved yet"
+            raise TrainError(f"a learner actor died during the update ({exc.__class__.__name__}); {hint}") from exc
+
     def _checkpoint(self, iterations_done: int) -> Path:
         staging = self.run_dir.staging_dir(iterations_done)
         ray.get([lr.save_checkpoint.remote(str(staging)) for lr in self.learners])
@@ -242,7 +272,8 @@ class Trainer:
             "task_schedule": self.schedule.state(),
         }
         path = self.run_dir.publish_checkpoint(staging, iterations_done, state)
-        log.info("checkpoint saved", path=str(path))
+        removed = self.run_dir.prune_checkpoints(self.config.trainer.keep_checkpoints)
+        log.info("checkpoint saved", path=str(path), removed=[p.name for p in removed])
         return path
 
     def run(self) -> dict:
@@ -278,9 +309,9 @@ class Trainer:
                 structlog.contextvars.bind_contextvars(iteration=iteration)
                 started = time.perf_counter()
                 horizon = ray.get(self.curriculum.start_iteration.remote(iteration))["horizon"]
-                refs, trajectories = self._rollout(iteration, progress)
+                refs, trajectories, failed = split_failed(*self._rollout(iteration, progress))
                 rollout_s = time.perf_counter() - started
-                learner_metrics = ray.get([lr.update.remote(refs) for lr in self.learners])[0]
+                learner_metrics = self._update(refs) if refs else {}
                 sync_s = self._sync_weights(iteration)
                 kept = select_trajectories(
                     trajectories, cfg.logging.max_trajectories_per_iteration, cfg.run.seed, iteration
@@ -290,13 +321,15 @@ class Trainer:
                     "iteration": iteration,
                     "horizon": horizon,
                     "weights_version": self.weights_version,
-                    **rollout_metrics(trajectories),
+                    **rollout_metrics(trajectories, failed),
                     **learner_metrics,
                     "time/rollout_s": rollout_s,
                     "time/sync_s": sync_s,
                     "time/iteration_s": time.perf_counter() - started,
                 }
                 self.run_dir.append_metrics(record)
+                # the adaptive curriculum decides here; its advance applies from the next iteration
+                ray.get(self.curriculum.report.remote(iteration, record))
                 if tracker is not None:
                     tracker.log_iteration(record, trajectories)
                 log.info(
@@ -376,6 +409,18 @@ def train(config: Config, run_dir: RunDir, *, resume: bool = False) -> dict:
     ChatFormat(load_tokenizer(config.model.name))
     init_ray(config)
     try:
+        if config.trainer.mode == "async":
+            from actors.async_trainer import AsyncTrainer  # it builds on Trainer, so it is imported here
+
+            return AsyncTrainer(config, run_dir, resume=resume).run()
+        if config.trainer.mode == "offline":
+            from actors.offline import OfflineTrainer  # it builds on this module, so it is imported here
+
+            return OfflineTrainer(config, run_dir, resume=resume).run()
+        if config.trainer.mode == "agentevol":
+            from actors.agentevol import AgentEvolTrainer  # it builds on Trainer, so it is imported here
+
+            return AgentEvolTrainer(config, run_dir, resume=resume).run()
         return Trainer(config, run_dir, resume=resume).run()
     finally:
         ray.shutdown()

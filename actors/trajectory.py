@@ -34,7 +34,37 @@ class Trajectory(BaseModel):
     truncated: bool = Field(description="The episode was cut by a limit before the environment ended it.")
     truncation_reason: Literal["horizon", "context"] | None = None
     horizon: int = Field(description="Turn limit in force when the episode started.")
-    weights_version: int = Field(description="Policy version that sampled the first reply (in sync mode, every reply).")
+    weights_version: int = Field(
+        description="Oldest policy version that sampled a reply of the episode (a weight swap may land "
+        "between two turns in async mode; staleness is judged by the oldest); -1 when nothing was sampled."
+    )
+    failed: bool = Field(False, description="The env failed (died or timed out) twice; not trained on.")
+    failure_reason: str | None = Field(None, description="Why the episode failed, when it did.")
+
+    @classmethod
+    def failure(cls, *, env: str, task_id: int, group: int, horizon: int, reason: str) -> Trajectory:
+        """The record of an episode that could not be played; it carries no tokens."""
+        return cls(
+            env=env,
+            task_id=task_id,
+            group=group,
+            token_ids=[],
+            loss_mask=[],
+            logprobs=[],
+            prompt_length=0,
+            turn_spans=[],
+            messages=[],
+            actions=[],
+            step_rewards=[],
+            reward=0.0,
+            success=False,
+            done=False,
+            truncated=False,
+            horizon=horizon,
+            weights_version=-1,
+            failed=True,
+            failure_reason=reason,
+        )
 
     @property
     def num_turns(self) -> int:

@@ -65,6 +65,12 @@ class SamplerConfig(Section):
         "rollout and update take turns).",
     )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling parameters.")
+    env_timeout_s: float = Field(
+        60.0,
+        gt=0.0,
+        description="Longest wait for one env reset/step; a slower or dead env actor is replaced and the "
+        "episode retried once on a fresh one, then recorded as failed (not trained on).",
+    )
 
     @model_validator(mode="after")
     def _engine_available(self) -> SamplerConfig:
@@ -83,7 +89,8 @@ class AlgorithmConfig(Section):
 
     name: str = Field(
         "grpo",
-        description="Registered algorithm (`grpo`, `rloo`, `reinforce_pp`, `ppo`, `sft`) or `package.module:Class`.",
+        description="Registered algorithm (`grpo`, `rloo`, `reinforce_pp`, `ppo`, `sft`, `dpo`) or "
+        "`package.module:Class`.",
     )
     group_size: int = Field(4, ge=1, description="Episodes sampled per task (the group of GRPO and RLOO).")
 
@@ -121,6 +128,12 @@ class LearnerConfig(Section):
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters.")
     num_cpus: float = Field(1.0, gt=0.0, description="CPUs reserved by each learner actor.")
+    old_logprobs: Literal["recompute", "sampler"] = Field(
+        "recompute",
+        description="Ratio denominators: `recompute` scores the batch with the learner's weights before the "
+        "update (on-policy, sync mode); `sampler` uses the sampler's log-probs (off-policy correction; "
+        "needs temperature 1; the default and the only choice in trainer.mode=async).",
+    )
     num_threads: int = Field(
         0,
         ge=0,
@@ -136,20 +149,42 @@ class LearnerConfig(Section):
 
 
 class CurriculumConfig(Section):
-    schedule: Literal["fixed", "stepwise"] = Field(
-        "fixed", description="Horizon schedule (ScalingInter-RL is `stepwise`)."
+    schedule: Literal["fixed", "stepwise", "adaptive"] = Field(
+        "fixed",
+        description="Horizon schedule: `fixed`, `stepwise` (ScalingInter-RL: advance every `advance_every` "
+        "iterations) or `adaptive` (advance when the rolling success or truncation rate passes a threshold).",
     )
     horizon: int = Field(10, ge=1, description="Max turns per episode for the `fixed` schedule.")
     horizons: list[int] = Field(
-        default_factory=lambda: [5, 10, 15], description="Horizons of the `stepwise` schedule, in order."
+        default_factory=lambda: [5, 10, 15],
+        description="Horizons of the `stepwise` and `adaptive` schedules, in order.",
     )
     advance_every: int = Field(10, ge=1, description="`stepwise`: iterations spent at each horizon.")
+    window: int = Field(
+        5, ge=1, description="`adaptive`: iterations (at the current horizon) the rolling rates are averaged over."
+    )
+    success_threshold: float = Field(
+        0.5,
+        gt=0.0,
+        le=1.0,
+        description="`adaptive`: advance when the rolling `success_rate` reaches this value.",
+    )
+    truncation_threshold: float | None = Field(
+        None,
+        gt=0.0,
+        le=1.0,
+        description="`adaptive`: also advance when the rolling `rollout/truncated_rate` reaches this value "
+        "(the horizon binds); None disables this trigger.",
+    )
+    min_iterations_per_stage: int = Field(
+        10, ge=1, description="`adaptive`: fewest iterations spent at a horizon before the next advance."
+    )
 
     @model_validator(mode="after")
     def _horizons_grow(self) -> CurriculumConfig:
-        if self.schedule == "stepwise":
+        if self.schedule in ("stepwise", "adaptive"):
             if not self.horizons:
-                raise ValueError("curriculum.horizons must list at least one horizon for the stepwise schedule")
+                raise ValueError(f"curriculum.horizons must list at least one horizon for the {self.schedule} schedule")
             if any(h < 1 for h in self.horizons) or self.horizons != sorted(self.horizons):
                 raise ValueError(f"curriculum.horizons must be positive and non-decreasing, got {self.horizons}")
         return self
@@ -160,8 +195,42 @@ class TrainerConfig(Section):
     tasks_per_iteration: int = Field(
         4, ge=1, description="Distinct tasks per iteration; each is played group_size times."
     )
-    mode: Literal["sync"] = Field("sync", description="Rollout/training overlap; `sync` alternates them.")
+    mode: Literal["sync", "async", "offline", "agentevol"] = Field(
+        "sync",
+        description="`sync` alternates rollout and update; `async` runs the next iterations' rollout while the "
+        "learner trains (needs learner.old_logprobs=sampler, the default in async mode); `offline` trains on "
+        "logged trajectories (`data.files`), no rollout; `agentevol` runs AgentEvol rounds (`agentevol`).",
+    )
+    max_staleness: int = Field(
+        1,
+        ge=1,
+        description="`async`: iterations rollout may run ahead of training; a trajectory sampled more than this "
+        "many weight versions before the learner's version is dropped (`rollout/dropped_stale`).",
+    )
     checkpoint_every: int = Field(10, ge=1, description="Save a checkpoint every N iterations (and after the last).")
+    keep_checkpoints: int = Field(0, ge=0, description="Keep only the newest N complete checkpoints; 0 keeps all.")
+
+
+class DataConfig(Section):
+    files: list[str] = Field(
+        default_factory=list,
+        description="Logged trajectories: `trajectories/*.jsonl` files, run directories (all their trajectory "
+        "files) or glob patterns. `offline` trains on them; `agentevol` adds them to every round's data.",
+    )
+
+
+class AgentEvolConfig(Section):
+    rounds: int = Field(3, ge=1, description="Rounds of explore, filter, merge, SFT (the run's iterations).")
+    tasks_per_round: int = Field(8, ge=1, description="Distinct training tasks explored per round.")
+    samples_per_task: int = Field(4, ge=1, description="Episodes the current policy plays per task and round.")
+    filter: Literal["success", "top_k"] = Field(
+        "success",
+        description="Episodes kept: every success, or per task the `k` highest-reward ones with reward > 0.",
+    )
+    k: int = Field(1, ge=1, description="`top_k`: episodes kept per task.")
+    eval_tasks: int = Field(
+        0, ge=0, description="Test-split tasks played once after each round's update (`eval/test_success_rate`)."
+    )
 
 
 class WandbConfig(Section):
@@ -262,3 +331,33 @@ class Config(Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Logs and progress display.")
     ray: RayConfig = Field(default_factory=RayConfig, description="Ray cluster connection.")
     serve: ServeConfig = Field(default_factory=ServeConfig, description="Policy HTTP endpoint.")
+    data: DataConfig = Field(default_factory=DataConfig, description="Logged trajectories to train on.")
+    agentevol: AgentEvolConfig = Field(default_factory=AgentEvolConfig, description="AgentEvol rounds.")
+
+    @model_validator(mode="after")
+    def _data_fits_mode(self) -> Config:
+        if self.trainer.mode == "offline" and not self.data.files:
+            raise ValueError("trainer.mode=offline trains on logged trajectories: set data.files=[FILE_OR_RUN_DIR]")
+        if self.trainer.mode == "agentevol" and self.algorithm.name != "sft":
+            raise ValueError(
+                f"trainer.mode=agentevol fine-tunes on filtered episodes: set algorithm.name=sft "
+                f"(got {self.algorithm.name!r})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _old_logprobs_fit_mode(self) -> Config:
+        if self.trainer.mode == "async":
+            if self.learner.old_logprobs == "recompute" and "old_logprobs" in self.learner.model_fields_set:
+                raise ValueError(
+                    "trainer.mode=async trains on data from older weights, so the ratio needs the sampler's "
+                    "log-probs: set learner.old_logprobs=sampler (or leave it unset)"
+                )
+            if self.learner.old_logprobs != "sampler":
+                self.learner.old_logprobs = "sampler"
+        if self.learner.old_logprobs == "sampler" and self.sampler.sampling.temperature != 1.0:
+            raise ValueError(
+                f"learner.old_logprobs=sampler needs sampler.sampling.temperature=1.0 (got "
+                f"{self.sampler.sampling.temperature}): the learner scores tokens at temperature 1"
+            )
+        return self

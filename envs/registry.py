@@ -23,10 +23,11 @@ def names() -> list[str]:
 
 
 def env_class(name: str) -> type[TextEnv]:
-    """The class registered as ``name``; raises EnvError listing the valid names otherwise."""
-    if name not in _REGISTRY:
+    """The class registered as ``name`` (or named by ``"package.module:Class"`` directly, so a process
+    such as an env actor finds an env that was registered elsewhere); raises EnvError otherwise."""
+    if name not in _REGISTRY and ":" not in name:
         raise EnvError(f"unknown env {name!r}; registered envs: {', '.join(names())}")
-    module_name, _, attr = _REGISTRY[name].partition(":")
+    module_name, _, attr = _REGISTRY.get(name, name).partition(":")
     return getattr(importlib.import_module(module_name), attr)
 
 

@@ -136,17 +136,32 @@ class LearnerActor:
 
     # ----------------------------------------------------------------------------- forward passes
 
+    def _units(self, batch: dict[str, torch.Tensor], indices: torch.Tensor) -> list[torch.Tensor]:
+        """``indices`` as the units that stay together (the algorithm's ``micro_batch_groups``; by
+        default one row each), in order of first appearance."""
+        groups = self.algorithm.micro_batch_groups(batch)
+        if groups is None:
+            return list(indices.split(1))
+        members: dict[int, list[int]] = {}
+        for index in indices.tolist():
+            members.setdefault(int(groups[index]), []).append(index)
+        return [torch.tensor(rows) for rows in members.values()]
+
     def _micro_batches(self, batch: dict[str, torch.Tensor], indices: torch.Tensor) -> list[torch.Tensor]:
-        """Split ``indices`` into micro-batches: ``micro_batch_size`` sequences, or with packing the
-        sequences of ``micro_batch_size`` packed rows."""
+        """Split ``indices`` into micro-batches of whole units: up to ``micro_batch_size`` sequences
+        (a larger unit alone), or with packing the units of ``micro_batch_size`` packed rows."""
         size = self.config.micro_batch_size
+        units = self._units(batch, indices)
         if not self.config.packing:
-            return [indices[i : i + size] for i in range(0, len(indices), size)]
-        lengths = batch["attention_mask"][indices].sum(-1).tolist()
+            parts: list[list[torch.Tensor]] = []
+            for unit in units:
+                if not parts or sum(len(u) for u in parts[-1]) + len(unit) > size:
+                    parts.append([])
+                parts[-1].append(unit)
+            return [torch.cat(part) for part in parts]
+        lengths = [int(batch["attention_mask"][unit].sum()) for unit in units]
         rows = plan_rows(lengths, self.config.pack_tokens or max(lengths))
-        return [
-            indices[torch.tensor([i for row in rows[r : r + size] for i in row])] for r in range(0, len(rows), size)
-        ]
+        return [torch.cat([units[i] for row in rows[r : r + size] for i in row]) for r in range(0, len(rows), size)]
 
     def _run(self, part: dict[str, torch.Tensor], call) -> dict[str, torch.Tensor]:
         """Apply ``call(input_ids, attention_mask, target_mask, position_ids)`` to ``part``, packed or
@@ -191,6 +206,10 @@ class LearnerActor:
     def update_batch(self, trajectories: list[Trajectory]) -> dict[str, float]:
         """One iteration of optimisation (``epochs`` x ``minibatches`` steps); returns metrics."""
         started = time.perf_counter()
+        trajectories = self.algorithm.select_trajectories(trajectories)
+        if not trajectories:
+            log.warning("the algorithm selected no trajectories; skipping update")
+            return {"learner/tokens": 0.0, "learner/trajectories": 0.0}
         batch = self.prepare(trajectories)
         metrics: dict[str, float] = {
             "learner/tokens": float(batch[LOSS_MASK].sum()),
@@ -205,11 +224,11 @@ class LearnerActor:
             return metrics
 
         step_metrics: list[dict[str, float]] = []
-        n = len(trajectories)
+        units = self._units(batch, torch.arange(len(trajectories)))
         for _ in range(self.config.epochs):
-            order = torch.randperm(n, generator=self.shuffle)
-            for minibatch in order.tensor_split(min(self.config.minibatches, n)):
-                step_metrics.append(self._step(batch, minibatch))
+            order = torch.randperm(len(units), generator=self.shuffle)
+            for minibatch in order.tensor_split(min(self.config.minibatches, len(units))):
+                step_metrics.append(self._step(batch, torch.cat([units[i] for i in minibatch.tolist()])))
         self.version += 1
         for key in step_metrics[0]:
             metrics[key] = sum(m[key] for m in step_metrics) / len(step_metrics)
@@ -224,10 +243,15 @@ class LearnerActor:
     def prepare(self, trajectories: list[Trajectory]) -> dict[str, torch.Tensor]:
         """Collate ``trajectories`` and add old/reference log-probabilities, old values and advantages."""
         batch = collate(trajectories, self.pad_token_id)
-        # The ratio denominators are scored by the learner's own weights before any step (the data
-        # was sampled by these weights in sync mode); this keeps the ratio exact at any temperature.
         self.policy.eval()
-        batch[OLD_LOGPROBS] = self._score(batch, self._policy_call(self.policy, False), LOGPROBS)
+        if self.config.old_logprobs == "sampler":
+            # Async mode: the data may come from older weights than the learner's, so the ratio's
+            # denominator is the sampling policy's own probability (off-policy correction by the clip).
+            batch[OLD_LOGPROBS] = batch["sampler_logprobs"].clone()
+        else:
+            # Scored by the learner's own weights before any step (the data was sampled by these
+            # weights in sync mode); this keeps the ratio exact at any temperature.
+            batch[OLD_LOGPROBS] = self._score(batch, self._policy_call(self.policy, False), LOGPROBS)
         if self.reference is not None:
             batch[REF_LOGPROBS] = self._score(batch, self._policy_call(self.reference, False), LOGPROBS)
         if self.critic is not None:
@@ -259,7 +283,10 @@ class LearnerActor:
         self.backend.zero_grad()
         parts = []
         if total > 0:
-            for micro in self._micro_batches(batch, self.backend.shard(rows)):
+            # Learners shard whole units, so no unit is split across them.
+            units = self._units(batch, rows)
+            mine = [units[i] for i in self.backend.shard(torch.arange(len(units))).tolist()]
+            for micro in self._micro_batches(batch, torch.cat(mine)) if mine else []:
                 part = select_rows(batch, micro)
                 share = self._weight(part[LOSS_MASK]) / total
                 if share > 0:

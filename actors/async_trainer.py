@@ -1,0 +1,176 @@
+"""The async driver loop (``trainer.mode: async``): rollout runs ahead of training.
+
+While the learner trains on iteration k, the samplers already play iterations k+1 .. k+max_staleness
+(their collect calls are launched before the driver waits on the update). When the update ends its
+weights are pushed to the samplers, which swap them in between two generation batches, so an episode
+may straddle a swap: a trajectory records the *oldest* version that sampled any of its replies, and
+staleness is judged by it. A trajectory more than ``max_staleness`` versions behind the learner is
+dropped (``rollout/dropped_stale``); with this pipeline depth that only happens when a weight push
+did not land (the guard keeps the bound whatever the timing). The learner uses the sampler's
+log-probs as ratio denominators (``learner.old_logprobs: sampler``, enforced by the config).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import ray
+import structlog
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from actors.tracking import select_trajectories, wandb_tracker
+from actors.trainer import Trainer, rollout_metrics, split_failed
+from actors.trajectory import Trajectory
+
+log = structlog.get_logger()
+
+
+@dataclass
+class Launch:
+    """One iteration's rollout in flight."""
+
+    iteration: int
+    horizon: int
+    pending: dict[ray.ObjectRef, int]
+    schedule_state: dict  # the task schedule before this launch drew its tasks (what a resume replays)
+    started: float
+
+
+def drop_stale(
+    refs: list[ray.ObjectRef], trajectories: list[Trajectory], learner_version: int, max_staleness: int
+) -> tuple[list[ray.ObjectRef], list[Trajectory], int]:
+    """Keep the trajectories at most ``max_staleness`` versions behind ``learner_version``; returns them
+    and how many were dropped."""
+    kept = [
+        (ref, t)
+        for ref, t in zip(refs, trajectories, strict=True)
+        if learner_version - t.weights_version <= max_staleness
+    ]
+    return [ref for ref, _ in kept], [t for _, t in kept], len(trajectories) - len(kept)
+
+
+class AsyncTrainer(Trainer):
+    """``Trainer`` with rollout overlapped with training; same actors, run directory and checkpoints.
+
+    A checkpoint taken while later rollouts are in flight records the task schedule as it was before
+    they were launched, so a resume replays those iterations (with their seeds) instead of skipping them.
+    """
+
+    def _launch(self, iteration: int) -> Launch:
+        schedule_state = self.schedule.state()
+        horizon = ray.get(self.curriculum.start_iteration.remote(iteration))["horizon"]
+        return Launch(iteration, horizon, self._launch_rollout(iteration), schedule_state, time.perf_counter())
+
+    def _checkpoint_rewound(self, iterations_done: int, inflight: deque[Launch]) -> Path:
+        current = self.schedule.state()
+        if inflight:
+            self.schedule.load_state(inflight[0].schedule_state)
+        try:
+            return self._checkpoint(iterations_done)
+        finally:
+            self.schedule.load_state(current)
+
+    def run(self) -> dict:
+        """Train to ``trainer.iterations`` with rollout ahead of training; returns the last metrics."""
+        cfg = self.config
+        structlog.contextvars.bind_contextvars(run=cfg.run.name)
+        self._start_actors()
+        if cfg.serve.enabled:
+            self._start_serving()
+        if self.resume:
+            self._restore()
+        last: dict = {}
+        depth = cfg.trainer.max_staleness
+        log.info("async training", max_staleness=depth, old_logprobs=cfg.learner.old_logprobs)
+        with (
+            Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.fields[status]}"),
+                transient=False,
+            )
+            if cfg.logging.progress
+            else nullcontext() as progress,
+            wandb_tracker(cfg, self.run_dir) as tracker,
+        ):
+            overall = None
+            if progress is not None:
+                overall = progress.add_task(
+                    "training", total=cfg.trainer.iterations, completed=self.start_iteration, status=""
+                )
+            inflight: deque[Launch] = deque()
+            next_launch = self.start_iteration
+            for iteration in range(self.start_iteration, cfg.trainer.iterations):
+                structlog.contextvars.bind_contextvars(iteration=iteration)
+                if not inflight:
+                    inflight.append(self._launch(next_launch))
+                    next_launch += 1
+                launch = inflight.popleft()
+                waited = time.perf_counter()
+                refs, trajectories = self._await_rollout(launch.pending, iteration, progress)
+                rollout_wait_s = time.perf_counter() - waited
+                rollout_s = time.perf_counter() - launch.started
+                refs, trajectories, failed = split_failed(refs, trajectories)
+                learner_version = self.weights_version
+                refs, trajectories, dropped = drop_stale(refs, trajectories, learner_version, depth)
+                update_started = time.perf_counter()
+                updates = [lr.update.remote(refs) for lr in self.learners] if refs else []
+                # The next rollouts start before the update is awaited: this is the overlap.
+                while len(inflight) < depth and next_launch < cfg.trainer.iterations:
+                    inflight.append(self._launch(next_launch))
+                    next_launch += 1
+                learner_metrics = ray.get(updates)[0] if updates else {}
+                update_wait_s = time.perf_counter() - update_started
+                sync_s = self._sync_weights(iteration)
+                kept = select_trajectories(
+                    trajectories, cfg.logging.max_trajectories_per_iteration, cfg.run.seed, iteration
+                )
+                self.run_dir.write_trajectories(iteration, kept)
+                record = {
+                    "iteration": iteration,
+                    "horizon": launch.horizon,
+                    "weights_version": self.weights_version,
+                    **rollout_metrics(trajectories, failed),
+                    "rollout/dropped_stale": float(dropped),
+                    "rollout/learner_version": float(learner_version),
+                    "rollout/staleness_max": float(
+                        max((learner_version - t.weights_version for t in trajectories), default=0)
+                    ),
+                    **learner_metrics,
+                    "time/rollout_s": rollout_s,
+                    "time/rollout_wait_s": rollout_wait_s,
+                    "time/update_wait_s": update_wait_s,
+                    "time/sync_s": sync_s,
+                    "time/iteration_s": rollout_wait_s + update_wait_s + sync_s,
+                }
+                self.run_dir.append_metrics(record)
+                ray.get(self.curriculum.report.remote(iteration, record))
+                if tracker is not None:
+                    tracker.log_iteration(record, trajectories)
+                log.info(
+                    "iteration done",
+                    horizon=launch.horizon,
+                    success_rate=round(record["success_rate"], 3),
+                    dropped_stale=dropped,
+                    failed=failed,
+                    loss=round(record.get("learner/loss", 0.0), 5),
+                    seconds=round(record["time/iteration_s"], 1),
+                )
+                done = iteration + 1
+                if done % cfg.trainer.checkpoint_every == 0 or done == cfg.trainer.iterations:
+                    self._checkpoint_rewound(done, inflight)
+                if overall is not None:
+                    progress.update(
+                        overall, advance=1, status=f"success {record['success_rate']:.2f} horizon {launch.horizon}"
+                    )
+                last = record
+        structlog.contextvars.unbind_contextvars("iteration")
+        if self.policy_server is not None:
+            self._stop_serving()
+        return last

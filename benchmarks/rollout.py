@@ -1,0 +1,231 @@
+"""Rollout engine efficiency as ratios against baselines measured in the same run.
+
+    python benchmarks/rollout.py [--quick] [--model tiny-random]
+
+Rows (same model, same BabyAI tasks and seeds everywhere):
+* rollout tokens/s vs bare generate: one SamplerActor plays N episodes; the baseline replays, turn by
+  turn, one batched ``engine.generate`` over the same prompts with the same per-episode generators
+  (so the same number of sequences and the same lengths). Goal >= 0.8.
+* rollout wall vs generation + env: the rollout's wall time against the bare generation time plus
+  the time to replay the same resets and actions on N env actors, all episodes at once. Goal <= 1.05.
+* async vs sync iteration: ``agentgym-rl train`` with trainer.mode=async against max(rollout, update)
+  of the same run in sync mode (steady-state iterations, the first one excluded). Goal <= 1.1.
+* weight publish to 4 samplers vs one ray.put + ray.get of the same state dict. Goal <= 1.5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+REPO = Path(__file__).resolve().parents[1]
+# Run as a script, this file's folder leads sys.path and its envs.py / learner.py would shadow the packages.
+_HERE = str(Path(__file__).resolve().parent)
+sys.path[:] = [str(REPO)] + [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+
+import ray  # noqa: E402
+import torch  # noqa: E402
+
+from actors.engines import make_engine  # noqa: E402
+from actors.models import load_model, load_tokenizer  # noqa: E402
+from actors.sampler import EpisodeRequest, SamplerActor  # noqa: E402
+from actors.trainer import episode_seed, init_ray  # noqa: E402
+from actors.trajectory import Trajectory  # noqa: E402
+from actors.weights import pack_state_dict  # noqa: E402
+from configs import Config, load_config  # noqa: E402
+from envs import make  # noqa: E402
+from envs.actor import create_env_actor  # noqa: E402
+
+LEVELS = "env.options.levels=[GoToObjS6]"
+
+
+def sampler_config(model: str, episodes: int, max_new_tokens: int) -> Config:
+    return load_config(
+        None,
+        [
+            f"model.name={model}",
+            LEVELS,
+            f"sampler.envs_per_sampler={episodes}",
+            f"sampler.max_batch_size={episodes}",
+            f"sampler.sampling.max_new_tokens={max_new_tokens}",
+            "sampler.num_threads=2",
+            "sampler.num_cpus=0.25",
+            "ray.num_cpus=2",
+        ],
+    )
+
+
+def rollout(config: Config, tasks: list[int], horizon: int) -> tuple[list[Trajectory], float, object, dict]:
+    """One sampler plays one episode per task; returns trajectories, wall seconds, the sampler and its
+    generation counters over the episodes (batches formed, seconds inside generate)."""
+    sampler = (
+        ray.remote(SamplerActor)
+        .options(num_cpus=0.25, max_concurrency=1000)
+        .remote(index=0, model=config.model, sampler=config.sampler, env=config.env, seed=0)
+    )
+    ray.get(sampler.set_horizon.remote(horizon))
+    warm = [EpisodeRequest(task_id=tasks[0], group=0, seed=1)]
+    ray.get(ray.get(sampler.collect.remote(warm)))  # model load, first-call overheads
+    before = ray.get(sampler.state.remote())
+    requests = [EpisodeRequest(task_id=t, group=g, seed=episode_seed(0, 0, g, 0)) for g, t in enumerate(tasks)]
+    started = time.perf_counter()
+    refs = ray.get(sampler.collect.remote(requests))
+    trajectories = ray.get(refs)
+    seconds = time.perf_counter() - started
+    after = ray.get(sampler.state.remote())
+    stats = {key: after[key] - before[key] for key in ("generate_calls", "generate_s")}
+    return trajectories, seconds, sampler, stats
+
+
+def bare_generation(config: Config, trajectories: list[Trajectory]) -> tuple[float, int]:
+    """Batched generate over the episodes' own prompts, turn by turn; returns seconds and tokens."""
+    torch.set_num_threads(config.sampler.num_threads)
+    tokenizer = load_tokenizer(config.model.name)
+    engine = make_engine(
+        "transformers",
+        model_name=config.model.name,
+        dtype=config.model.dtype,
+        seed=0,
+        stop_token_ids=[tokenizer.eos_token_id],
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    engine.generate([trajectories[0].token_ids[: trajectories[0].prompt_length]], config.sampler.sampling)
+    generators = [torch.Generator().manual_seed(episode_seed(0, 0, g, 0)) for g in range(len(trajectories))]
+    seconds, tokens = 0.0, 0
+    for turn in range(max(t.num_turns for t in trajectories)):
+        rows = [g for g, t in enumerate(trajectories) if t.num_turns > turn]
+        prompts = [trajectories[g].token_ids[: trajectories[g].turn_spans[turn][0]] for g in rows]
+        started = time.perf_counter()
+        results = engine.generate(prompts, config.sampler.sampling, [generators[g] for g in rows])
+        seconds += time.perf_counter() - started
+        tokens += sum(len(r.token_ids) for r in results)
+    return seconds, tokens
+
+
+def replay_env(config: Config, trajectories: list[Trajectory]) -> float:
+    """Seconds to replay every episode's reset and actions on one env actor each, all at once."""
+    actors = [create_env_actor(config.env.name, config.env.options) for _ in trajectories]
+    ray.get([a.health.remote() for a in actors])
+    started = time.perf_counter()
+    ray.get([a.reset.remote(t.task_id) for a, t in zip(actors, trajectories, strict=True)])
+    for turn in range(max(t.num_turns for t in trajectories)):
+        ray.get(
+            [a.step.remote(t.actions[turn]) for a, t in zip(actors, trajectories, strict=True) if t.num_turns > turn]
+        )
+    seconds = time.perf_counter() - started
+    for actor in actors:
+        ray.kill(actor)
+    return seconds
+
+
+def weight_publish(config: Config, samplers: list, repeats: int) -> tuple[float, float, float]:
+    """Median seconds of put+get of the state dict and of a publish to every sampler; payload MB."""
+    payload = pack_state_dict(load_model(config.model.name, config.model.dtype).state_dict(), version=1)
+    ray.get([s.load_weights.remote([ray.put(payload)]) for s in samplers])  # warm-up
+    bare, publish = [], []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        ray.get(ray.put(payload))
+        bare.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        ref = ray.put(payload)
+        ray.get([s.load_weights.remote([ref]) for s in samplers])
+        publish.append(time.perf_counter() - started)
+    return statistics.median(bare), statistics.median(publish), payload.num_bytes / 1e6
+
+
+def train_run(mode: str, model: str, iterations: int, root: Path) -> list[dict]:
+    """``agentgym-rl train`` in ``mode``; returns its metrics records."""
+    sets = [
+        f"model.name={model}",
+        LEVELS,
+        f"trainer.mode={mode}",
+        f"trainer.iterations={iterations}",
+        "trainer.tasks_per_iteration=2",
+        f"trainer.checkpoint_every={iterations + 1}",
+        "algorithm.group_size=4",
+        "sampler.envs_per_sampler=8",
+        "sampler.sampling.max_new_tokens=16",
+        "learner.micro_batch_size=4",
+        "learner.num_cpus=0.5",
+        "sampler.num_cpus=0.5",
+        "curriculum.schedule=fixed",
+        "curriculum.horizon=3",
+        "logging.progress=false",
+        "ray.num_cpus=2",
+        f"run.dir={root}",
+        f"run.name={mode}",
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    command = [sys.executable, "-m", "actors.cli", "train", *[a for s in sets for a in ("--set", s)]]
+    subprocess.run(command, cwd=REPO, env=env, check=True, capture_output=True, text=True)
+    return [json.loads(line) for line in (root / mode / "metrics.jsonl").read_text().splitlines()]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes; about a minute or two")
+    parser.add_argument("--model", default="tiny-random", help="built-in model name or model directory")
+    args = parser.parse_args()
+    episodes, horizon, tokens, iterations = (8, 3, 16, 3) if args.quick else (16, 5, 32, 5)
+    started = time.perf_counter()
+    config = sampler_config(args.model, episodes, tokens)
+    tasks = list(make(config.env.name, config.env.options).tasks("train"))[:episodes]
+    init_ray(config)
+    trajectories, rollout_s, sampler, stats = rollout(config, tasks, horizon)
+    rollout_tokens = sum(t.num_sampled_tokens for t in trajectories)
+    bare_s, bare_tokens = bare_generation(config, trajectories)
+    env_s = replay_env(config, trajectories)
+    others = [
+        ray.remote(SamplerActor)
+        .options(num_cpus=0.1, max_concurrency=1000)
+        .remote(
+            index=i,
+            model=config.model,
+            sampler=config.sampler.model_copy(update={"envs_per_sampler": 1}),
+            env=config.env,
+            seed=0,
+        )
+        for i in range(1, 4)
+    ]
+    put_get_s, publish_s, megabytes = weight_publish(config, [sampler, *others], repeats=3 if args.quick else 10)
+    ray.shutdown()
+    with tempfile.TemporaryDirectory() as root:
+        sync = train_run("sync", args.model, iterations, Path(root))
+        async_ = train_run("async", args.model, iterations, Path(root))
+    steady_sync = sync[1:]
+    sync_rollout = statistics.mean(r["time/rollout_s"] for r in steady_sync)
+    sync_update = statistics.mean(r["time/update_s"] for r in steady_sync)
+    async_iteration = statistics.mean(r["time/iteration_s"] for r in async_[1:])
+    sync_iteration = statistics.mean(r["time/iteration_s"] for r in steady_sync)
+
+    rows = [
+        ("rollout tokens/s / bare generate tokens/s", (rollout_tokens / rollout_s) / (bare_tokens / bare_s), ">= 0.8"),
+        ("rollout wall / (generate + env)", rollout_s / (bare_s + env_s), "<= 1.05"),
+        ("async iteration / max(rollout, update)", async_iteration / max(sync_rollout, sync_update), "<= 1.1"),
+        ("publish to 4 samplers / put+get", publish_s / put_get_s, "<= 1.5"),
+    ]
+    print(f"{'measure':<45} {'ratio':>8} {'goal':>8}")
+    for name, ratio, goal in rows:
+        print(f"{name:<45} {ratio:>8.2f} {goal:>8}")
+    print(
+        f"({episodes} episodes, horizon {horizon}, {tokens} new tokens/turn on {args.model}: rollout {rollout_s:.2f} s "
+        f"for {rollout_tokens} tokens in {stats['generate_calls']} batches ({stats['generate_s']:.2f} s generating); "
+        f"bare generate {max(t.num_turns for t in trajectories)} batches, {bare_s:.2f} s for {bare_tokens}; "
+        f"env replay {env_s:.2f} s; "
+        f"sync iteration {sync_iteration:.1f} s = rollout {sync_rollout:.1f} + update {sync_update:.1f} + sync; "
+        f"async iteration {async_iteration:.1f} s; put+get {put_get_s * 1e3:.1f} ms, publish {publish_s * 1e3:.1f} ms "
+        f"of {megabytes:.1f} MB; {os.cpu_count()} CPU cores; {time.perf_counter() - started:.0f} s in all)"
+    )
+
+
+if __name__ == "__main__":
+    main()

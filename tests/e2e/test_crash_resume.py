@@ -1,0 +1,105 @@
+"""SIGKILL of the driver while it writes a checkpoint, then --resume (issue: crash-safe checkpoints)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.e2e.helpers import same_episodes
+
+REPO = Path(__file__).resolve().parents[2]
+CLI = Path(sys.executable).parent / "agentgym-rl"
+SETTINGS = [
+    "model.name=tiny-random",
+    "algorithm.entropy_coef=0.01",
+    "learner.lr=1e-3",
+    "sampler.sampling.max_new_tokens=12",
+    "curriculum.horizons=[1, 2]",
+    "curriculum.advance_every=2",
+    "trainer.iterations=4",
+    "trainer.checkpoint_every=1",
+    "logging.progress=false",
+]
+
+
+def command(*args: str) -> list[str]:
+    base = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "actors.cli"]
+    return [*base, *args]
+
+
+def overrides(runs: Path, name: str) -> list[str]:
+    return [item for setting in [*SETTINGS, f"run.dir={runs}", f"run.name={name}"] for item in ("--set", setting)]
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL the driver and every process it started (its local Ray instance included)."""
+    family = psutil.Process(proc.pid).children(recursive=True)
+    os.kill(proc.pid, signal.SIGKILL)
+    for child in family:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait(timeout=30)
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_sigkill_during_a_checkpoint_write_then_resume(tmp_path: Path):
+    runs = tmp_path / "runs"
+    run_dir = runs / "crash"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.Popen(
+        command("train", str(REPO / "configs" / "quickstart.yaml"), *overrides(runs, "crash")),
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 400
+    try:
+        # Wait for the second checkpoint's staging folder: one complete checkpoint exists by then.
+        while time.monotonic() < deadline and proc.poll() is None:
+            if list((run_dir / "checkpoints").glob(".iter_000002.partial")):
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, "the run ended before the checkpoint write could be interrupted"
+        kill_tree(proc)
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc)
+
+    complete = sorted(p.name for p in (run_dir / "checkpoints").glob("iter_*") if (p / "trainer.json").exists())
+    assert complete == ["iter_000001"]
+
+    resumed = subprocess.run(
+        command("train", "--resume", str(run_dir)), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    straight = subprocess.run(
+        command("train", str(REPO / "configs" / "quickstart.yaml"), *overrides(runs, "straight")),
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert straight.returncode == 0, straight.stderr[-3000:]
+
+    got, expected = metrics(run_dir), metrics(runs / "straight")
+    assert [r["iteration"] for r in got] == [0, 1, 2, 3]  # every iteration exactly once
+    for mine, theirs in zip(got, expected, strict=True):
+        for key in ("horizon", "weights_version", "success_rate", "learner/loss", "learner/grad_norm"):
+            assert mine[key] == pytest.approx(theirs[key], rel=1e-4, abs=1e-6), (mine["iteration"], key)
+    same_episodes(
+        run_dir / "trajectories" / "iter_000003.jsonl", runs / "straight" / "trajectories" / "iter_000003.jsonl"
+    )
