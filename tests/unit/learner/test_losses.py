@@ -95,7 +95,7 @@ def test_kl_as_reward_penalty_lowers_rewards_of_drifting_episodes():
     [
         ("grpo", {"gama": 0.9}, "algorithm.gama: unknown key"),
         ("ppo", {"lam": 2.0}, "algorithm.lam"),
-        ("nope", {}, "registered: grpo, ppo, reinforce_pp, rloo, sft"),
+        ("nope", {}, "registered: dpo, grpo, ppo, reinforce_pp, rloo, sft"),
         ("os.path:join", {}, "not a subclass"),
         ("no_such_module:Algo", {}, "cannot be imported"),
     ],
