@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import ray
 import structlog
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from actors.tracking import select_trajectories, wandb_tracker
 from actors.trainer import Trainer, rollout_metrics, split_failed
 from actors.trajectory import Trajectory
 
@@ -77,33 +74,10 @@ class AsyncTrainer(Trainer):
     def run(self) -> dict:
         """Train to ``trainer.iterations`` with rollout ahead of training; returns the last metrics."""
         cfg = self.config
-        structlog.contextvars.bind_contextvars(run=cfg.run.name)
-        self._start_actors()
-        if cfg.serve.enabled:
-            self._start_serving()
-        if self.resume:
-            self._restore()
         last: dict = {}
         depth = cfg.trainer.max_staleness
-        log.info("async training", max_staleness=depth, old_logprobs=cfg.learner.old_logprobs)
-        with (
-            Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                TextColumn("{task.fields[status]}"),
-                transient=False,
-            )
-            if cfg.logging.progress
-            else nullcontext() as progress,
-            wandb_tracker(cfg, self.run_dir) as tracker,
-        ):
-            overall = None
-            if progress is not None:
-                overall = progress.add_task(
-                    "training", total=cfg.trainer.iterations, completed=self.start_iteration, status=""
-                )
+        with self._session() as display:
+            log.info("async training", max_staleness=depth, old_logprobs=cfg.learner.old_logprobs)
             inflight: deque[Launch] = deque()
             next_launch = self.start_iteration
             for iteration in range(self.start_iteration, cfg.trainer.iterations):
@@ -113,7 +87,7 @@ class AsyncTrainer(Trainer):
                     next_launch += 1
                 launch = inflight.popleft()
                 waited = time.perf_counter()
-                refs, trajectories = self._await_rollout(launch.pending, iteration, progress)
+                refs, trajectories = self._await_rollout(launch.pending, iteration, display.progress)
                 rollout_wait_s = time.perf_counter() - waited
                 rollout_s = time.perf_counter() - launch.started
                 refs, trajectories, failed = split_failed(refs, trajectories)
@@ -128,11 +102,7 @@ class AsyncTrainer(Trainer):
                 learner_metrics = ray.get(updates)[0] if updates else {}
                 update_wait_s = time.perf_counter() - update_started
                 sync_s = self._sync_weights(iteration)
-                kept = select_trajectories(
-                    trajectories, cfg.logging.max_trajectories_per_iteration, cfg.run.seed, iteration
-                )
-                self.run_dir.write_trajectories(iteration, kept)
-                record = {
+                last = {
                     "iteration": iteration,
                     "horizon": launch.horizon,
                     "weights_version": self.weights_version,
@@ -149,28 +119,8 @@ class AsyncTrainer(Trainer):
                     "time/sync_s": sync_s,
                     "time/iteration_s": rollout_wait_s + update_wait_s + sync_s,
                 }
-                self.run_dir.append_metrics(record)
-                ray.get(self.curriculum.report.remote(iteration, record))
-                if tracker is not None:
-                    tracker.log_iteration(record, trajectories)
-                log.info(
-                    "iteration done",
-                    horizon=launch.horizon,
-                    success_rate=round(record["success_rate"], 3),
-                    dropped_stale=dropped,
-                    failed=failed,
-                    loss=round(record.get("learner/loss", 0.0), 5),
-                    seconds=round(record["time/iteration_s"], 1),
-                )
+                self._record(display, last, trajectories, dropped_stale=dropped, failed=failed)
                 done = iteration + 1
                 if done % cfg.trainer.checkpoint_every == 0 or done == cfg.trainer.iterations:
                     self._checkpoint_rewound(done, inflight)
-                if overall is not None:
-                    progress.update(
-                        overall, advance=1, status=f"success {record['success_rate']:.2f} horizon {launch.horizon}"
-                    )
-                last = record
-        structlog.contextvars.unbind_contextvars("iteration")
-        if self.policy_server is not None:
-            self._stop_serving()
         return last

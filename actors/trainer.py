@@ -10,21 +10,23 @@ import json
 import os
 import socket
 import time
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import ray
 import ray._private.ray_constants as ray_constants
 import structlog
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from actors.chat import ChatFormat
 from actors.curriculum import CurriculumActor
 from actors.models import load_tokenizer, model_dir
 from actors.rundir import CONFIG_FILE, TRAINER_STATE, RunDir
 from actors.sampler import EpisodeRequest, SamplerActor
-from actors.tracking import select_trajectories, wandb_tracker
+from actors.tracking import WandbTracker, select_trajectories, wandb_tracker
 from actors.trajectory import Trajectory
 from configs import Config, ConfigError, load_config
 from envs import make
@@ -32,6 +34,15 @@ from learner.actor import LearnerActor
 from learner.algorithms import AlgorithmConfigError, build_algorithm
 
 log = structlog.get_logger()
+
+
+@dataclass
+class Display:
+    """What the training loop reports to: the progress display (if shown) and the W&B tracker (if on)."""
+
+    progress: Progress | None
+    overall: TaskID | None
+    tracker: WandbTracker | None
 
 
 class TrainError(RuntimeError):
@@ -276,8 +287,10 @@ class Trainer:
         log.info("checkpoint saved", path=str(path), removed=[p.name for p in removed])
         return path
 
-    def run(self) -> dict:
-        """Train to ``trainer.iterations``; returns the last iteration's metrics."""
+    @contextmanager
+    def _session(self) -> Iterator[Display]:
+        """Start the actors (and the endpoint), resume if asked, and hold the progress display and
+        W&B tracker around the training loop; stop serving afterwards."""
         cfg = self.config
         structlog.contextvars.bind_contextvars(run=cfg.run.name)
         self._start_actors()
@@ -285,9 +298,7 @@ class Trainer:
             self._start_serving()
         if self.resume:
             self._restore()
-        last: dict = {}
-        show = cfg.logging.progress
-        with (
+        progress_cm = (
             Progress(
                 TextColumn("{task.description}"),
                 BarColumn(),
@@ -296,28 +307,61 @@ class Trainer:
                 TextColumn("{task.fields[status]}"),
                 transient=False,
             )
-            if show
-            else nullcontext() as progress,
-            wandb_tracker(cfg, self.run_dir) as tracker,
-        ):
+            if cfg.logging.progress
+            else nullcontext()
+        )
+        with progress_cm as progress, wandb_tracker(cfg, self.run_dir) as tracker:
             overall = None
             if progress is not None:
                 overall = progress.add_task(
                     "training", total=cfg.trainer.iterations, completed=self.start_iteration, status=""
                 )
+            yield Display(progress, overall, tracker)
+        structlog.contextvars.unbind_contextvars("iteration")
+        if self.policy_server is not None:
+            self._stop_serving()
+
+    def _record(self, display: Display, record: dict, trajectories: list[Trajectory], **log_fields) -> None:
+        """Write one finished iteration: trajectories, metrics line, curriculum report, tracker, log, progress."""
+        cfg = self.config
+        iteration = record["iteration"]
+        kept = select_trajectories(trajectories, cfg.logging.max_trajectories_per_iteration, cfg.run.seed, iteration)
+        self.run_dir.write_trajectories(iteration, kept)
+        self.run_dir.append_metrics(record)
+        # the adaptive curriculum decides here; its advance applies from a later iteration
+        ray.get(self.curriculum.report.remote(iteration, record))
+        if display.tracker is not None:
+            display.tracker.log_iteration(record, trajectories)
+        log.info(
+            "iteration done",
+            horizon=record["horizon"],
+            success_rate=round(record["success_rate"], 3),
+            mean_reward=round(record["mean_reward"], 3),
+            loss=round(record.get("learner/loss", 0.0), 5),
+            seconds=round(record["time/iteration_s"], 1),
+            **log_fields,
+        )
+        if display.overall is not None:
+            display.progress.update(
+                display.overall,
+                advance=1,
+                status=f"success {record['success_rate']:.2f} horizon {record['horizon']}",
+            )
+
+    def run(self) -> dict:
+        """Train to ``trainer.iterations``; returns the last iteration's metrics."""
+        cfg = self.config
+        last: dict = {}
+        with self._session() as display:
             for iteration in range(self.start_iteration, cfg.trainer.iterations):
                 structlog.contextvars.bind_contextvars(iteration=iteration)
                 started = time.perf_counter()
                 horizon = ray.get(self.curriculum.start_iteration.remote(iteration))["horizon"]
-                refs, trajectories, failed = split_failed(*self._rollout(iteration, progress))
+                refs, trajectories, failed = split_failed(*self._rollout(iteration, display.progress))
                 rollout_s = time.perf_counter() - started
                 learner_metrics = self._update(refs) if refs else {}
                 sync_s = self._sync_weights(iteration)
-                kept = select_trajectories(
-                    trajectories, cfg.logging.max_trajectories_per_iteration, cfg.run.seed, iteration
-                )
-                self.run_dir.write_trajectories(iteration, kept)
-                record = {
+                last = {
                     "iteration": iteration,
                     "horizon": horizon,
                     "weights_version": self.weights_version,
@@ -327,30 +371,10 @@ class Trainer:
                     "time/sync_s": sync_s,
                     "time/iteration_s": time.perf_counter() - started,
                 }
-                self.run_dir.append_metrics(record)
-                # the adaptive curriculum decides here; its advance applies from the next iteration
-                ray.get(self.curriculum.report.remote(iteration, record))
-                if tracker is not None:
-                    tracker.log_iteration(record, trajectories)
-                log.info(
-                    "iteration done",
-                    horizon=horizon,
-                    success_rate=round(record["success_rate"], 3),
-                    mean_reward=round(record["mean_reward"], 3),
-                    loss=round(record.get("learner/loss", 0.0), 5),
-                    seconds=round(record["time/iteration_s"], 1),
-                )
+                self._record(display, last, trajectories)
                 done = iteration + 1
                 if done % cfg.trainer.checkpoint_every == 0 or done == cfg.trainer.iterations:
                     self._checkpoint(done)
-                if overall is not None:
-                    progress.update(
-                        overall, advance=1, status=f"success {record['success_rate']:.2f} horizon {horizon}"
-                    )
-                last = record
-        structlog.contextvars.unbind_contextvars("iteration")
-        if self.policy_server is not None:
-            self._stop_serving()
         return last
 
 
