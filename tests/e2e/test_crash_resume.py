@@ -1,5 +1,6 @@
 """SIGKILL of the driver while it writes a checkpoint, then --resume (issue: crash-safe checkpoints)."""
 
+import contextlib
 import json
 import os
 import signal
@@ -42,10 +43,8 @@ def kill_tree(proc: subprocess.Popen) -> None:
     family = psutil.Process(proc.pid).children(recursive=True)
     os.kill(proc.pid, signal.SIGKILL)
     for child in family:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):  # it may have died with its parent
             child.kill()
-        except psutil.NoSuchProcess:
-            pass
     proc.wait(timeout=30)
 
 
