@@ -36,14 +36,16 @@ if ! command -v java >/dev/null 2>&1; then
     echo "warning: no java on PATH; the sciworld env needs a Java runtime (11+), e.g. default-jre-headless" >&2
   fi
 fi
-# The trajectory viewer's browser test (--dev) drives Debian's chromium through Playwright.
-if [[ -n "$extras" && ! -x /usr/bin/chromium ]]; then
+# The web env and the viewer's page test drive the system Chromium through Playwright (never
+# `playwright install`): install the OS package when no chromium is on PATH and this user may (root,
+# or password-less sudo) on an apt system.
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
   if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
     apt-get update -qq && apt-get install -y -qq chromium
   elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null && command -v apt-get >/dev/null 2>&1; then
     sudo apt-get update -qq && sudo apt-get install -y -qq chromium
   else
-    echo "warning: /usr/bin/chromium is missing; the viewer's browser test will be skipped (apt-get install chromium)" >&2
+    echo "warning: no chromium on PATH; the web env needs it (apt-get install chromium, or its chromium_path option)" >&2
   fi
 fi
 echo "installed agentgym-rl into .venv"
