@@ -2,18 +2,53 @@
 
 from __future__ import annotations
 
-from actors.engines.base import Engine, Generation
+from actors.engines.base import Engine, EngineUnavailableError, Generation
 
-ENGINES = ("transformers",)
+ENGINES = ("transformers", "vllm")
 
 
-def make_engine(name: str, **kwargs) -> Engine:
-    """Create the engine ``name`` (one of ``ENGINES``) with its keyword arguments."""
+def make_engine(
+    name: str,
+    *,
+    model_name: str,
+    dtype: str,
+    seed: int,
+    stop_token_ids: list[int],
+    pad_token_id: int,
+    max_cached_tokens: int = 0,
+) -> Engine:
+    """Create the engine ``name`` (one of ``ENGINES``).
+
+    Args:
+        name: ``transformers`` or ``vllm``.
+        model_name: built-in model name or local Hugging Face directory.
+        dtype: ``float32`` or ``bfloat16``.
+        seed: seeds the engine's own sampling stream.
+        stop_token_ids: ids that end a turn.
+        pad_token_id: padding id (transformers engine).
+        max_cached_tokens: transformers engine: keys/values kept between an episode's turns (0: none);
+            vLLM keeps its own prefix cache.
+
+    Raises:
+        ValueError: ``name`` is not a known engine.
+        EngineUnavailableError: the engine cannot run here (vLLM without the package or a CUDA GPU).
+    """
     if name == "transformers":
         from actors.engines.transformers_engine import TransformersEngine
 
-        return TransformersEngine(**kwargs)
+        return TransformersEngine(
+            model_name=model_name,
+            dtype=dtype,
+            seed=seed,
+            stop_token_ids=stop_token_ids,
+            pad_token_id=pad_token_id,
+            max_cached_tokens=max_cached_tokens,
+        )
+    if name == "vllm":
+        from actors.engines.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model_name=model_name, dtype=dtype, seed=seed, stop_token_ids=stop_token_ids)
     raise ValueError(f"unknown engine {name!r}; available engines: {', '.join(ENGINES)}")
 
 
-__all__ = ["ENGINES", "Engine", "Generation", "make_engine"]
+__all__ = ["ENGINES", "Engine", "EngineUnavailableError", "Generation", "make_engine"]

@@ -1,8 +1,9 @@
-"""The generation-engine interface shared by samplers and (later) the serving deployment."""
+"""The generation-engine interface shared by samplers and the serving deployment."""
 
 from __future__ import annotations
 
 import abc
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -18,7 +19,9 @@ class Generation:
 
     ``logprobs[i]`` is log p(token_ids[i]) under the temperature-scaled distribution the token was
     drawn from (before top-k/top-p truncation). ``finish_reason`` is ``stop`` when a stop token was
-    sampled (it is included in ``token_ids``) and ``length`` when the per-turn cap was hit.
+    sampled (it is included in ``token_ids``) or a stop string was completed (the token that
+    completed it is the last one kept, so the reply text contains the stop string), and ``length``
+    when the per-turn cap was hit.
     """
 
     token_ids: list[int]
@@ -26,10 +29,20 @@ class Generation:
     finish_reason: Literal["stop", "length"]
 
 
+class EngineUnavailableError(RuntimeError):
+    """The engine cannot run on this machine (a missing package or device); the message says what to install."""
+
+
 class Engine(abc.ABC):
-    """Generates continuations of token-id prompts; holds one versioned copy of the policy weights."""
+    """Generates continuations of token-id prompts; holds one versioned copy of the policy weights.
+
+    Implementations set ``weights_version`` (0 until weights are loaded) and ``stats``, a dict of
+    counters with at least ``prefill_tokens`` (prompt ids run through the model) and ``reused_tokens``
+    (prompt ids served from cached keys/values instead).
+    """
 
     weights_version: int = 0
+    stats: dict[str, int]
 
     @abc.abstractmethod
     def generate(
@@ -37,14 +50,40 @@ class Engine(abc.ABC):
         prompts: list[list[int]],
         sampling: SamplingConfig,
         generators: list[torch.Generator] | None = None,
+        keys: list[Hashable | None] | None = None,
     ) -> list[Generation]:
         """Sample one continuation per prompt, in order.
 
-        ``generators`` (one per prompt) give each row its own random stream, so that an episode's
-        samples depend on its seed and not on which other episodes share the batch; without them
-        the engine's own seeded stream is used.
+        Args:
+            prompts: token ids per row (non-empty).
+            sampling: temperature, top-p, top-k, per-turn token cap and stop strings of the whole batch.
+            generators: one per prompt; each row draws from its own random stream, so that an
+                episode's samples depend on its seed and not on which other episodes share the batch.
+                Without them the engine's own seeded stream is used.
+            keys: one episode key (or None) per prompt. A row whose prompt extends what its key's
+                previous call processed may reuse that work (the results are the same either way);
+                call :meth:`release` when the episode ends.
+
+        Raises:
+            ValueError: an empty prompt, or ``generators`` / ``keys`` of another length than ``prompts``.
         """
+
+    @abc.abstractmethod
+    def release(self, key: Hashable) -> None:
+        """Forget what the engine keeps for episode ``key`` (it ended); unknown keys are ignored."""
 
     @abc.abstractmethod
     def load_weights(self, payload: WeightsPayload) -> None:
         """Replace the policy weights with ``payload`` and adopt its version."""
+
+    @staticmethod
+    def check_batch(
+        prompts: list[list[int]], generators: list[torch.Generator] | None, keys: list[Hashable | None] | None
+    ) -> None:
+        """Raise ``ValueError`` for an empty prompt or per-row lists that do not match ``prompts``."""
+        empty = [row for row, prompt in enumerate(prompts) if not prompt]
+        if empty:
+            raise ValueError(f"prompts {empty} are empty; every prompt needs at least one token id")
+        for name, values in (("generators", generators), ("keys", keys)):
+            if values is not None and len(values) != len(prompts):
+                raise ValueError(f"{name} has {len(values)} entries for {len(prompts)} prompts; give one per prompt")

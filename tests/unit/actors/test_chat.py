@@ -35,3 +35,24 @@ def test_template_that_rewrites_history_is_rejected(tokenizer):
     tokenizer.chat_template = "{{ messages[-1]['content'] }}{% if add_generation_prompt %}>{% endif %}"
     with pytest.raises(TemplateError, match="not prefix-stable"):
         ChatFormat(tokenizer)
+
+
+def test_only_a_sampled_special_token_counts_as_the_start_of_the_turn_separator(tokenizer):
+    chat = ChatFormat(tokenizer)
+    assert chat.turn_separator.startswith("<")
+    angle = chat.encode("<")
+    assert len(angle) == 1 and angle[0] not in tokenizer.all_special_ids
+    # A reply cut right after an ordinary "<" still gets the whole separator (the "<" is its own text).
+    continuation = chat.continuation_ids(chat.encode("Action: go") + angle, "obs")
+    assert continuation == chat.encode(chat.turn_separator + "obs" + chat.user_suffix)
+
+
+def test_template_that_frames_each_turn_differently_is_rejected(tokenizer):
+    tokenizer = tokenizer.__class__.from_pretrained(tokenizer.name_or_path)
+    # Prefix-stable, but the text after reply N carries N: a separator learned once cannot be reused.
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['content'] }}{% if m['role'] == 'assistant' %}{{ '#' ~ loop.index }}"
+        "{% endif %}{{ ';' }}{% endfor %}"
+    )
+    with pytest.raises(TemplateError, match="a third turn"):
+        ChatFormat(tokenizer)

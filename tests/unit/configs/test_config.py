@@ -50,7 +50,6 @@ def test_unknown_key_error_names_the_key(override, named):
         ("trainer.iterations=0", "trainer.iterations"),
         ("sampler.sampling.temperature=-1", "sampler.sampling.temperature"),
         ("curriculum.horizons=[10, 5]", "horizons"),
-        ("sampler.engine=vllm", "vllm"),
         ("learner.count=2", "deepspeed"),
         ("learner.zero_stage=3", "learner.zero_stage"),
         ("algorithm.group_size=abc", "algorithm.group_size"),
