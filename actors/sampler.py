@@ -4,14 +4,16 @@ Each episode is a coroutine (``actors.rollout.run_episode``). Episodes that are 
 model put their prompt on a queue; one batching loop takes every pending prompt, runs a single
 batched ``generate`` in a worker thread (torch releases the GIL, so environment replies keep
 arriving meanwhile) and hands the results back. A slow environment delays only its own episode.
-An env actor that dies or exceeds ``sampler.env_timeout_s`` is killed and replaced; its episode is
-retried once from the start on a free actor, then returned as a ``failed`` record (never trained on).
+An env actor that dies or exceeds ``sampler.env_timeout_s`` is killed and replaced (dropped instead
+when no node has room for a new one); its episode is retried once from the start on a free actor,
+then returned as a ``failed`` record (never trained on). ``add_envs`` grows the env pool.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import os
 import time
 from dataclasses import dataclass
@@ -23,19 +25,17 @@ import torch
 from actors.chat import ChatFormat
 from actors.engines import Generation, make_engine
 from actors.models import load_tokenizer
+from actors.placement import env_request, has_room, start_env_actor
 from actors.rollout import run_episode
 from actors.trajectory import Trajectory
 from actors.weights import WeightsPayload
 from configs.schema import EnvConfig, ModelConfig, SamplerConfig
-from envs.actor import create_env_actor
+from envs.actor import EnvRestarted
 
 log = structlog.get_logger()
 
 # What an env actor that died, cannot be reached or hangs raises; the episode moves to a fresh actor.
-ENV_FAILURES = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, TimeoutError)
-# Starting an env actor (a process, imports, env construction) is not an env step: it gets its own,
-# longer limit, so that ``env_timeout_s`` can be tight.
-ENV_START_TIMEOUT_S = 300.0
+ENV_FAILURES = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, TimeoutError, EnvRestarted)
 
 # How long the batching loop waits for the rest of the active episodes to ask for a turn before
 # it generates for those already waiting. Env steps take milliseconds; generation takes far longer.
@@ -79,16 +79,27 @@ class SamplerActor:
             seed=seed + index,
             stop_token_ids=stop_ids,
             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+            max_cached_tokens=sampler.kv_cache_tokens,
         )
-        self.envs = [create_env_actor(env.name, env.options) for _ in range(sampler.envs_per_sampler)]
+        # Each episode attempt gets its own key: the engine keeps its keys/values between turns.
+        self.episode_keys = itertools.count()
+        self.envs = [start_env_actor(env, sampler) for _ in range(sampler.envs_per_sampler)]
+        self.ready: set[ray.actor.ActorHandle] = set()  # env actors known to have started
         self.instruction: str | None = None
         self.free_envs: asyncio.Queue | None = None
         self.horizon: int | None = None
-        self.pending: list[tuple[list[int], torch.Generator, asyncio.Future]] = []
+        self.pending: list[tuple[list[int], torch.Generator, int, asyncio.Future]] = []
         self.wake: asyncio.Event | None = None
         self.engine_lock: asyncio.Lock | None = None
         self.batch_task: asyncio.Task | None = None
-        self.stats = {"generate_calls": 0, "generated_tokens": 0, "generate_s": 0.0, "env_replacements": 0}
+        self.stats = {
+            "generate_calls": 0,
+            "generated_tokens": 0,
+            "generate_s": 0.0,
+            "env_replacements": 0,
+            "env_dropped": 0,
+            "env_added": 0,
+        }
 
     def _ensure_loop_state(self) -> None:
         # asyncio objects must be created on the actor's event loop, which __init__ does not run on.
@@ -119,7 +130,9 @@ class SamplerActor:
             "index": self.index,
             "horizon": self.horizon,
             "weights_version": self.engine.weights_version,
+            "env_actors": len(self.envs),
             **self.stats,
+            **{f"engine_{name}": value for name, value in self.engine.stats.items()},
         }
 
     async def collect(self, requests: list[EpisodeRequest]) -> list[ray.ObjectRef]:
@@ -134,7 +147,7 @@ class SamplerActor:
         horizon = self.horizon
         if self.instruction is None:
             await asyncio.gather(*(self._started(env) for env in self.envs))
-            self.instruction = await self.envs[0].instruction.remote()
+            self.instruction = await self._instruction()
         trajectories = await asyncio.gather(*(self._play(request, horizon) for request in requests))
         return [ray.put(trajectory) for trajectory in trajectories]
 
@@ -143,31 +156,111 @@ class SamplerActor:
 
         return await asyncio.wait_for(self._await(ref), self.config.env_timeout_s)
 
-    async def _started(self, env: ray.actor.ActorHandle) -> None:
-        """Wait until ``env`` has started; a failure here surfaces on its first episode call instead."""
+    async def _instruction(self) -> str:
+        """The env's instruction, from the first env actor that answers (a node may have taken others)."""
+        for env in list(self.envs):
+            try:
+                return await self._env_call(env.instruction.remote())
+            except ENV_FAILURES as exc:
+                log.warning("env actor failed; asking another", reason=f"{type(exc).__name__}: {exc}".splitlines()[0])
+        raise RuntimeError(f"sampler {self.index}: no env actor answered; every one of {len(self.envs)} failed")
+
+    async def _started(self, env: ray.actor.ActorHandle) -> bool:
+        """Wait until ``env`` has started; returns whether it did (a failure also surfaces on its first call)."""
         try:
-            await asyncio.wait_for(self._await(env.health.remote()), ENV_START_TIMEOUT_S)
+            # Starting an env actor (a process, imports, env construction) is not an env step: it gets
+            # its own, longer limit, so that ``env_timeout_s`` can be tight.
+            await asyncio.wait_for(self._await(env.health.remote()), self.config.start_timeout_s)
         except ENV_FAILURES as exc:
             log.warning("env actor did not start", reason=f"{type(exc).__name__}: {exc}".splitlines()[0])
+            return False
+        return True
+
+    async def ready_envs(self) -> int:
+        """Wait until every env actor has started; drop those that did not (the pool shrinks) and return
+        how many this sampler has. Then the cluster's free resources are what the running actors left."""
+        self._ensure_loop_state()
+        waiting = [env for env in self.envs if env not in self.ready]
+        for env, ok in zip(waiting, await asyncio.gather(*(self._started(env) for env in waiting)), strict=True):
+            if ok:
+                self.ready.add(env)
+            elif env in self.envs:  # an episode may have replaced it meanwhile
+                ray.kill(env, no_restart=True)
+                self._drop_env(env)
+        return len(self.envs)
+
+    def _drop_env(self, env: ray.actor.ActorHandle) -> None:
+        """Take ``env`` out of the pool, and out of the free queue if it waits there."""
+        self.envs.remove(env)
+        self.ready.discard(env)
+        self.stats["env_dropped"] += 1
+        waiting = []
+        while not self.free_envs.empty():
+            waiting.append(self.free_envs.get_nowait())
+        for other in waiting:
+            if other is not env:
+                self.free_envs.put_nowait(other)
+        if not self.envs:
+            self.free_envs.put_nowait(None)  # wakes the episodes waiting for an env: there is none left
+
+    async def add_envs(self, count: int) -> int:
+        """Start ``count`` more env actors (the pool grows into new room); returns how many this sampler has.
+
+        An actor that has not started within ``sampler.start_timeout_s`` is killed and not added.
+        """
+        self._ensure_loop_state()
+        fresh = [start_env_actor(self.env_config, self.config) for _ in range(count)]
+        for env, ok in zip(fresh, await asyncio.gather(*(self._started(env) for env in fresh)), strict=True):
+            if ok:
+                self.envs.append(env)
+                self.ready.add(env)
+                self.free_envs.put_nowait(env)
+                self.stats["env_added"] += 1
+            else:
+                ray.kill(env, no_restart=True)
+        return len(self.envs)
 
     @staticmethod
     async def _await(ref: ray.ObjectRef):
         return await ref
 
-    async def _replace_env(self, env: ray.actor.ActorHandle) -> ray.actor.ActorHandle:
-        """Kill ``env`` (it may be hung, not dead) and start a fresh actor in its place."""
+    async def _replace_env(self, env: ray.actor.ActorHandle) -> ray.actor.ActorHandle | None:
+        """Kill ``env`` (it may be hung, not dead) and start a fresh actor in its place if some node has
+        room for one; otherwise drop it (the pool shrinks) and return None."""
         ray.kill(env, no_restart=True)
-        fresh = create_env_actor(self.env_config.name, self.env_config.options)
+        if env not in self.envs:  # ``ready_envs`` dropped it already: it never started
+            return None
+        if not has_room(env_request(self.config)):
+            self._drop_env(env)
+            log.warning("no room for a new env actor; the pool shrinks", sampler=self.index, env_actors=len(self.envs))
+            return None
+        fresh = start_env_actor(self.env_config, self.config)
         self.envs[self.envs.index(env)] = fresh
+        self.ready.discard(env)
         self.stats["env_replacements"] += 1
-        await self._started(fresh)
+        if await self._started(fresh):
+            self.ready.add(fresh)
         return fresh
+
+    async def _take_env(self) -> ray.actor.ActorHandle | None:
+        """A free env actor, or None when this sampler has none left."""
+        while True:
+            env = await self.free_envs.get()
+            if env is not None:
+                return env
+            if not self.envs:
+                self.free_envs.put_nowait(None)  # pass the news on to the next waiting episode
+                return None
+            # add_envs has restocked the pool since the last env was dropped: the marker is stale.
 
     async def _play(self, request: EpisodeRequest, horizon: int) -> Trajectory:
         """Play ``request``; an env failure moves it to a fresh env actor once, then records it as failed."""
         reasons = []
         for _ in range(2):
-            env = await self.free_envs.get()
+            env = await self._take_env()
+            if env is None:
+                reasons.append(f"sampler {self.index} has no env actor left")
+                break
             try:
                 return await self._play_on(env, request, horizon)
             except ENV_FAILURES as exc:
@@ -175,7 +268,8 @@ class SamplerActor:
                 log.warning("env actor failed; replacing it", task_id=request.task_id, reason=reasons[-1])
                 env = await self._replace_env(env)
             finally:
-                self.free_envs.put_nowait(env)
+                if env is not None:
+                    self.free_envs.put_nowait(env)
         return Trajectory.failure(
             env=self.env_config.name,
             task_id=request.task_id,
@@ -185,6 +279,15 @@ class SamplerActor:
         )
 
     async def _play_on(self, env: ray.actor.ActorHandle, request: EpisodeRequest, horizon: int) -> Trajectory:
+        key = next(self.episode_keys)
+        try:
+            return await self._run_episode(env, request, horizon, key)
+        finally:
+            self.engine.release(key)
+
+    async def _run_episode(
+        self, env: ray.actor.ActorHandle, request: EpisodeRequest, horizon: int, key: int
+    ) -> Trajectory:
         return await run_episode(
             env_name=self.env_config.name,
             instruction=self.instruction,
@@ -193,7 +296,7 @@ class SamplerActor:
             generate=(
                 functools.partial(self._oracle_generate, env)
                 if self.config.policy == "oracle"
-                else functools.partial(self._generate, generator=torch.Generator().manual_seed(request.seed))
+                else functools.partial(self._generate, generator=torch.Generator().manual_seed(request.seed), key=key)
             ),
             chat=self.chat,
             task_id=request.task_id,
@@ -203,9 +306,9 @@ class SamplerActor:
             max_context_tokens=self.config.max_context_tokens,
         )
 
-    async def _generate(self, prompt: list[int], generator: torch.Generator) -> tuple[Generation, int]:
+    async def _generate(self, prompt: list[int], generator: torch.Generator, key: int) -> tuple[Generation, int]:
         future = asyncio.get_running_loop().create_future()
-        self.pending.append((prompt, generator, future))
+        self.pending.append((prompt, generator, key, future))
         self.wake.set()
         return await future
 
@@ -231,21 +334,24 @@ class SamplerActor:
             del self.pending[: len(batch)]
             if not batch:
                 continue
-            prompts = [prompt for prompt, _, _ in batch]
-            generators = [generator for _, generator, _ in batch]
+            prompts = [prompt for prompt, _, _, _ in batch]
+            generators = [generator for _, generator, _, _ in batch]
+            keys = [key for _, _, key, _ in batch]
             started = time.perf_counter()
             try:
                 async with self.engine_lock:
-                    results = await asyncio.to_thread(self.engine.generate, prompts, self.config.sampling, generators)
+                    results = await asyncio.to_thread(
+                        self.engine.generate, prompts, self.config.sampling, generators, keys
+                    )
                     version = self.engine.weights_version
             except Exception as exc:  # hand the failure to every waiting episode instead of hanging them
-                for _, _, future in batch:
+                for *_, future in batch:
                     future.set_exception(exc)
                 continue
             self.stats["generate_calls"] += 1
             self.stats["generate_s"] += time.perf_counter() - started
             self.stats["generated_tokens"] += sum(len(r.token_ids) for r in results)
-            for (_, _, future), result in zip(batch, results, strict=True):
+            for (*_, future), result in zip(batch, results, strict=True):
                 future.set_result((result, version))
             if self.pending:
                 self.wake.set()

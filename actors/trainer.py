@@ -22,10 +22,10 @@ import structlog
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from actors.chat import ChatFormat
-from actors.curriculum import CurriculumActor
 from actors.models import load_tokenizer, model_dir
+from actors.pools import PoolError, SamplerPool, sampler_lost
 from actors.rundir import CONFIG_FILE, TRAINER_STATE, RunDir
-from actors.sampler import EpisodeRequest, SamplerActor
+from actors.sampler import EpisodeRequest
 from actors.tracking import WandbTracker, select_trajectories, wandb_tracker
 from actors.trajectory import Trajectory
 from configs import Config, ConfigError, load_config
@@ -49,6 +49,11 @@ class TrainError(RuntimeError):
     """A run that cannot start or continue; the message says what to change."""
 
 
+class LearnerLost(TrainError):
+    """A learner actor died and ``trainer.on_learner_failure`` is ``restart``: the loop restarts the learners
+    (one that escapes the loop, e.g. while resuming, ends the run like any ``TrainError``)."""
+
+
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
@@ -67,6 +72,9 @@ def init_ray(config: Config) -> None:
             "before Python imports ray (the agentgym-rl command does this), or set ray.address"
         )
     ray.init(
+        # "local" starts a fresh instance even when other Ray instances run on this machine (ray.init()
+        # alone would join the newest of them).
+        address="local",
         num_cpus=config.ray.num_cpus,
         include_dashboard=False,
         _node_ip_address="127.0.0.1",
@@ -133,7 +141,18 @@ class Trainer:
         self.resume = resume
         self.start_iteration = 0
         self.weights_version = 0
+        self.learner_restarts = 0
         self.policy_server = None  # the Serve model deployment's handle when serve.enabled
+
+    @property
+    def samplers(self) -> list[ray.actor.ActorHandle]:
+        """The live samplers (the elastic pool's list: it shrinks and grows during the run)."""
+        return self.pools.samplers
+
+    @property
+    def curriculum(self) -> ray.actor.ActorHandle:
+        """The curriculum actor (the pool rebuilds it with the survivors when a sampler is lost)."""
+        return self.pools.curriculum
 
     def _start_actors(self) -> None:
         cfg = self.config
@@ -141,7 +160,37 @@ class Trainer:
         env = make(cfg.env.name, cfg.env.options)
         self.schedule = TaskSchedule(list(env.tasks(cfg.env.split)), cfg.trainer.tasks_per_iteration, cfg.run.seed)
         env.close()
-        learner_cls = ray.remote(LearnerActor).options(num_cpus=cfg.learner.num_cpus)
+        self._start_learners()
+        self.pools = SamplerPool(cfg)
+        try:
+            self.pools.start()
+        except PoolError as exc:
+            raise TrainError(str(exc)) from exc
+        # Where a learner restart goes back to while no checkpoint exists.
+        self.initial_state = {
+            "task_schedule": self.schedule.state(),
+            "curriculum": ray.get(self.curriculum.state.remote()),
+        }
+        described = ray.get(self.learner.describe.remote())
+        tokens_per_iteration = (
+            cfg.trainer.tasks_per_iteration * cfg.algorithm.group_size * cfg.sampler.max_context_tokens
+        )
+        log.info(
+            "actors ready",
+            samplers=len(self.samplers),
+            env_actors=self.pools.env_actors(),
+            episodes_per_iteration=cfg.trainer.tasks_per_iteration * cfg.algorithm.group_size,
+            max_tokens_per_iteration=tokens_per_iteration,
+            train_tasks=len(self.schedule.tasks),
+            **described,
+        )
+
+    def _start_learners(self) -> None:
+        """Start the learner actors (one, or a DeepSpeed group), placed by their resources."""
+        cfg = self.config
+        learner_cls = ray.remote(LearnerActor).options(
+            num_cpus=cfg.learner.num_cpus, resources=cfg.learner.resources or None
+        )
         master_port = free_port() if cfg.learner.backend == "deepspeed" else 0
         self.learners = [
             learner_cls.remote(
@@ -159,26 +208,6 @@ class Trainer:
         ]
         # Rank 0 publishes weights; every rank trains, saves and restores (collectives under DeepSpeed).
         self.learner = self.learners[0]
-        sampler_cls = ray.remote(SamplerActor).options(num_cpus=cfg.sampler.num_cpus, max_concurrency=1000)
-        self.samplers = [
-            sampler_cls.remote(index=i, model=cfg.model, sampler=cfg.sampler, env=cfg.env, seed=cfg.run.seed)
-            for i in range(cfg.sampler.count)
-        ]
-        self.curriculum = ray.remote(CurriculumActor).options(num_cpus=0).remote(cfg.curriculum)
-        ray.get(self.curriculum.register.remote(self.samplers))
-        described = ray.get(self.learner.describe.remote())
-        tokens_per_iteration = (
-            cfg.trainer.tasks_per_iteration * cfg.algorithm.group_size * cfg.sampler.max_context_tokens
-        )
-        log.info(
-            "actors ready",
-            samplers=cfg.sampler.count,
-            env_actors=cfg.sampler.count * cfg.sampler.envs_per_sampler,
-            episodes_per_iteration=cfg.trainer.tasks_per_iteration * cfg.algorithm.group_size,
-            max_tokens_per_iteration=tokens_per_iteration,
-            train_tasks=len(self.schedule.tasks),
-            **described,
-        )
 
     def _restore(self) -> None:
         checkpoint = self.run_dir.latest_checkpoint()
@@ -186,14 +215,66 @@ class Trainer:
             log.info("no complete checkpoint to resume from; starting at iteration 0", run=str(self.run_dir.path))
             self.run_dir.keep_metrics_before(0)
             return
+        self.start_iteration = self._load_checkpoint(checkpoint)
+        self.run_dir.keep_metrics_before(self.start_iteration)
+        log.info("resumed", checkpoint=str(checkpoint), iteration=self.start_iteration, version=self.weights_version)
+
+    def _load_checkpoint(self, checkpoint: Path) -> int:
+        """Load ``checkpoint`` into the learners, task schedule and curriculum and push its weights to the
+        samplers; returns the iterations it had done."""
         state = json.loads((checkpoint / TRAINER_STATE).read_text())
-        self.weights_version = ray.get([lr.load_checkpoint.remote(str(checkpoint)) for lr in self.learners])[0]
+        try:
+            self.weights_version = ray.get([lr.load_checkpoint.remote(str(checkpoint)) for lr in self.learners])[0]
+        except ray.exceptions.RayActorError as exc:
+            raise self._learner_died("a checkpoint load", exc) from exc
         self.schedule.load_state(state["task_schedule"])
         ray.get(self.curriculum.load_state.remote(state["curriculum"]))
         self._sync_weights()
-        self.start_iteration = state["iterations_done"]
-        self.run_dir.keep_metrics_before(self.start_iteration)
-        log.info("resumed", checkpoint=str(checkpoint), iteration=self.start_iteration, version=self.weights_version)
+        return state["iterations_done"]
+
+    def _restart_learners(self, lost: LearnerLost) -> int:
+        """Replace the learners after ``lost`` and go back to the last complete checkpoint (the run's start
+        if none); returns the iteration to continue from.
+
+        Raises:
+            TrainError: the learners were already restarted ``trainer.max_learner_restarts`` times.
+        """
+        limit = self.config.trainer.max_learner_restarts
+        if self.learner_restarts >= limit:
+            raise TrainError(
+                f"{lost}; the learners were restarted {self.learner_restarts} time(s) already "
+                f"(trainer.max_learner_restarts={limit}); continue with --resume {self.run_dir.path}"
+            )
+        self.learner_restarts += 1
+        log.warning("learner lost; restarting the learners", reason=str(lost), restart=self.learner_restarts)
+        for learner in self.learners:
+            ray.kill(learner, no_restart=True)
+        self._start_learners()
+        checkpoint = self.run_dir.latest_checkpoint()
+        try:
+            if checkpoint is None:
+                self.schedule.load_state(self.initial_state["task_schedule"])
+                ray.get(self.curriculum.load_state.remote(self.initial_state["curriculum"]))
+                self._sync_weights()
+                iteration = 0
+            else:
+                iteration = self._load_checkpoint(checkpoint)
+        except LearnerLost as again:  # a new learner died too: another restart, within the limit
+            return self._restart_learners(again)
+        self.run_dir.keep_metrics_before(iteration)
+        log.info("learners restarted", checkpoint=str(checkpoint), iteration=iteration, version=self.weights_version)
+        return iteration
+
+    def _learner_died(self, during: str, exc: BaseException) -> Exception:
+        """What a dead learner raises: ``LearnerLost`` to restart, or a ``TrainError`` that ends the run."""
+        if self.config.trainer.on_learner_failure == "restart":
+            return LearnerLost(f"a learner actor died during {during} ({exc.__class__.__name__})")
+        latest = self.run_dir.latest_checkpoint()
+        hint = f"resume with --resume {self.run_dir.path}" if latest else "no checkpoint was saved yet"
+        return TrainError(
+            f"a learner actor died during {during} ({exc.__class__.__name__}); {hint} "
+            "(trainer.on_learner_failure=restart recovers from the last checkpoint by itself)"
+        )
 
     def _start_serving(self) -> None:
         # Imported here: serve builds on actors, and only a run with serve.enabled needs Ray Serve.
@@ -217,9 +298,25 @@ class Trainer:
 
     def _sync_weights(self, iteration: int | None = None) -> float:
         started = time.perf_counter()
-        payload_ref = ray.get(self.learner.publish_weights.remote())
-        versions = ray.get([s.load_weights.remote(payload_ref) for s in self.samplers])
-        self.weights_version = versions[0]
+        try:
+            payload_ref = ray.get(self.learner.publish_weights.remote())
+        except ray.exceptions.RayActorError as exc:
+            raise self._learner_died("the weight sync", exc) from exc
+        self.pools.weights = payload_ref  # what samplers that join later load
+        loads = {s.load_weights.remote(payload_ref): s for s in self.samplers}
+        versions = []
+        for ref, sampler in loads.items():
+            try:
+                versions.append(ray.get(ref))
+            except ray.exceptions.RayError as exc:
+                if isinstance(exc, ray.exceptions.RayTaskError) and isinstance(exc, ray.exceptions.ObjectLostError):
+                    # The payload died with its owner, the learner that published it.
+                    raise self._learner_died("the weight sync", exc) from exc
+                if not sampler_lost(exc):
+                    raise
+                self.pools.lose(sampler, iteration, exc)
+        if versions:
+            self.weights_version = versions[0]
         if self.policy_server is not None:
             # The same object-store ref the samplers read; the server swaps between generate batches.
             self.policy_server.update_weights.remote(payload_ref, iteration).result()
@@ -230,7 +327,12 @@ class Trainer:
         return self._await_rollout(self._launch_rollout(iteration), iteration, progress)
 
     def _launch_rollout(self, iteration: int) -> dict[ray.ObjectRef, int]:
-        """Draw this iteration's tasks and start their episodes; returns each collect call's group."""
+        """Check the pools (this is the iteration boundary: they shrink to the live actors and grow into
+        new room), draw this iteration's tasks and start their episodes; returns each collect call's group."""
+        try:
+            self.pools.refresh(iteration)
+        except PoolError as exc:
+            raise TrainError(str(exc)) from exc
         group_size = self.config.algorithm.group_size
         pending = {}
         for group, task_id in enumerate(self.schedule.next()):
@@ -241,41 +343,67 @@ class Trainer:
                 )
                 for k in range(group_size)
             ]
-            pending[sampler.collect.remote(requests)] = group
+            pending[self.pools.submit(sampler, requests)] = group
+        log.info(
+            "rollout started", samplers=len(self.samplers), env_actors=self.pools.env_actors(), groups=len(pending)
+        )
         return pending
 
     def _await_rollout(
         self, pending: dict[ray.ObjectRef, int], iteration: int, progress: Progress | None
     ) -> tuple[list[ray.ObjectRef], list[Trajectory]]:
-        """Wait for the collect calls of ``_launch_rollout``; returns trajectory refs and trajectories, by group."""
+        """Wait for the collect calls of ``_launch_rollout``; returns trajectory refs and trajectories, by group.
+
+        A call whose sampler died (before or after it returned) is played again on a survivor, so the
+        iteration completes with every task group.
+        """
         group_size = self.config.algorithm.group_size
         bar = None
         if progress is not None:
             bar = progress.add_task(f"iteration {iteration} episodes", total=len(pending) * group_size, status="")
-        by_group: dict[int, list[ray.ObjectRef]] = {}
-        waiting = list(pending)
+        groups = dict(pending)
+        by_group: dict[int, tuple[list[ray.ObjectRef], list[Trajectory]]] = {}
+        waiting = list(groups)
         while waiting:
             ready, waiting = ray.wait(waiting, num_returns=1)
-            by_group[pending[ready[0]]] = ray.get(ready[0])
+            call = ready[0]
+            try:
+                # The sampler owns these objects: fetch them now, while it is alive.
+                trajectories = ray.get(ray.get(call))
+            except ray.exceptions.RayError as exc:
+                if not sampler_lost(exc):
+                    raise
+                try:
+                    retry = self.pools.resubmit(call, iteration, exc)
+                except PoolError as error:
+                    raise TrainError(str(error)) from error
+                groups[retry] = groups[call]
+                waiting.append(retry)
+                continue
+            self.pools.finish(call)
+            # Owned by the driver from here on, so the learner reads them whatever becomes of the sampler.
+            by_group[groups[call]] = ([ray.put(t) for t in trajectories], trajectories)
             if bar is not None:
                 progress.advance(bar, group_size)
         if bar is not None:
             progress.remove_task(bar)
-        refs = [ref for group in sorted(by_group) for ref in by_group[group]]
-        return refs, ray.get(refs)
+        refs = [ref for group in sorted(by_group) for ref in by_group[group][0]]
+        return refs, [t for group in sorted(by_group) for t in by_group[group][1]]
 
     def _update(self, refs: list[ray.ObjectRef]) -> dict:
-        """Train every learner on ``refs``; a dead learner ends the run with a message, never a hang."""
+        """Train every learner on ``refs``; a dead learner ends the run with a message (or, with
+        ``trainer.on_learner_failure=restart``, raises ``LearnerLost``), never a hang."""
         try:
             return ray.get([lr.update.remote(refs) for lr in self.learners])[0]
         except ray.exceptions.RayActorError as exc:
-            latest = self.run_dir.latest_checkpoint()
-            hint = f"resume with --resume {self.run_dir.path}" if latest else "no checkpoint was saved yet"
-            raise TrainError(f"a learner actor died during the update ({exc.__class__.__name__}); {hint}") from exc
+            raise self._learner_died("the update", exc) from exc
 
     def _checkpoint(self, iterations_done: int) -> Path:
         staging = self.run_dir.staging_dir(iterations_done)
-        ray.get([lr.save_checkpoint.remote(str(staging)) for lr in self.learners])
+        try:
+            ray.get([lr.save_checkpoint.remote(str(staging)) for lr in self.learners])
+        except ray.exceptions.RayActorError as exc:
+            raise self._learner_died("a checkpoint write", exc) from exc
         state = {
             "iterations_done": iterations_done,
             "weights_version": self.weights_version,
@@ -325,6 +453,8 @@ class Trainer:
         """Write one finished iteration: trajectories, metrics line, curriculum report, tracker, log, progress."""
         cfg = self.config
         iteration = record["iteration"]
+        record.update(self.pools.metrics(iteration))
+        record["learner/restarts"] = float(self.learner_restarts)
         kept = select_trajectories(trajectories, cfg.logging.max_trajectories_per_iteration, cfg.run.seed, iteration)
         self.run_dir.write_trajectories(iteration, kept)
         self.run_dir.append_metrics(record)
@@ -353,29 +483,48 @@ class Trainer:
         cfg = self.config
         last: dict = {}
         with self._session() as display:
-            for iteration in range(self.start_iteration, cfg.trainer.iterations):
-                structlog.contextvars.bind_contextvars(iteration=iteration)
-                started = time.perf_counter()
-                horizon = ray.get(self.curriculum.start_iteration.remote(iteration))["horizon"]
-                refs, trajectories, failed = split_failed(*self._rollout(iteration, display.progress))
-                rollout_s = time.perf_counter() - started
-                learner_metrics = self._update(refs) if refs else {}
-                sync_s = self._sync_weights(iteration)
-                last = {
-                    "iteration": iteration,
-                    "horizon": horizon,
-                    "weights_version": self.weights_version,
-                    **rollout_metrics(trajectories, failed),
-                    **learner_metrics,
-                    "time/rollout_s": rollout_s,
-                    "time/sync_s": sync_s,
-                    "time/iteration_s": time.perf_counter() - started,
-                }
-                self._record(display, last, trajectories)
-                done = iteration + 1
-                if done % cfg.trainer.checkpoint_every == 0 or done == cfg.trainer.iterations:
-                    self._checkpoint(done)
+            iteration = self.start_iteration
+            while iteration < cfg.trainer.iterations:
+                try:
+                    last = self._iteration(iteration, display)
+                except LearnerLost as lost:
+                    iteration = self._restart_learners(lost)
+                    if display.overall is not None:
+                        display.progress.update(display.overall, completed=iteration)
+                    continue
+                iteration += 1
         return last
+
+    def _iteration(self, iteration: int, display: Display) -> dict:
+        """Play, train and record ``iteration`` (and checkpoint when one is due); returns its metrics."""
+        cfg = self.config
+        structlog.contextvars.bind_contextvars(iteration=iteration)
+        started = time.perf_counter()
+        horizon = ray.get(self.curriculum.start_iteration.remote(iteration))["horizon"]
+        refs, trajectories, failed = split_failed(*self._rollout(iteration, display.progress))
+        rollout_s = time.perf_counter() - started
+        learner_metrics = self._update(refs) if refs else {}
+        sync_s = self._sync_weights(iteration)
+        record = {
+            "iteration": iteration,
+            "horizon": horizon,
+            "weights_version": self.weights_version,
+            **rollout_metrics(trajectories, failed),
+            **learner_metrics,
+            "time/rollout_s": rollout_s,
+            "time/sync_s": sync_s,
+            "time/iteration_s": time.perf_counter() - started,
+        }
+        self._record(display, record, trajectories)
+        done = iteration + 1
+        if done % cfg.trainer.checkpoint_every == 0 or done == cfg.trainer.iterations:
+            self._checkpoint(done)
+        return record
+
+    def stop_actors(self) -> None:
+        """Kill this run's actors; the env actors go with the samplers that own them."""
+        for actor in [*self.learners, *self.samplers, self.curriculum]:
+            ray.kill(actor)
 
 
 def free_port() -> int:
@@ -433,6 +582,12 @@ def train(config: Config, run_dir: RunDir, *, resume: bool = False) -> dict:
     ChatFormat(load_tokenizer(config.model.name))
     init_ray(config)
     try:
+        if config.warm_start.iterations:
+            from actors.warm_start import run_warm_start  # it builds on Trainer, so it is imported here
+
+            policy = run_warm_start(config, run_dir)
+            config = config.model_copy(deep=True)
+            config.model.name = str(policy)
         if config.trainer.mode == "async":
             from actors.async_trainer import AsyncTrainer  # it builds on Trainer, so it is imported here
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class Section(BaseModel):
@@ -43,10 +43,33 @@ class SamplingConfig(Section):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     top_k: int = Field(0, ge=0, description="Keep only the k most likely tokens; 0 disables.")
     max_new_tokens: int = Field(64, ge=1, description="Per-turn cap on generated tokens.")
+    stop: list[str] = Field(
+        default_factory=list,
+        description="Strings that end a turn once a reply contains one (kept in the reply, like a stop token); "
+        "the end-of-turn token always ends a turn.",
+    )
+
+    @field_validator("stop")
+    @classmethod
+    def _stops_not_empty(cls, stop: list[str]) -> list[str]:
+        if any(not s for s in stop):
+            raise ValueError(f"sampling.stop strings must be non-empty, got {stop!r}")
+        return stop
 
 
 class SamplerConfig(Section):
-    engine: Literal["transformers", "vllm"] = Field("transformers", description="Generation engine.")
+    engine: Literal["transformers", "vllm"] = Field(
+        "transformers",
+        description="Generation engine: `transformers` (CPU or one GPU) or `vllm` (needs a CUDA GPU and "
+        "`pip install agentgym-rl[vllm]`; checked when the sampler starts).",
+    )
+    kv_cache_tokens: int = Field(
+        32768,
+        ge=0,
+        description="`transformers` engine: token positions of keys/values kept between the turns of running "
+        "episodes (all of them together; least recently used evicted), so a turn prefills only its new ids; "
+        "0 re-prefills every turn. vLLM manages its own prefix cache.",
+    )
     policy: Literal["model", "oracle"] = Field(
         "model",
         description="Who writes the replies: the model, or the env's oracle (demonstrations for `sft`).",
@@ -71,12 +94,64 @@ class SamplerConfig(Section):
         description="Longest wait for one env reset/step; a slower or dead env actor is replaced and the "
         "episode retried once on a fresh one, then recorded as failed (not trained on).",
     )
+    min_count: int = Field(
+        1,
+        ge=1,
+        description="Elastic pool: fewest live samplers. Dead samplers are dropped (their episodes move to the "
+        "others) and replaced at the next iteration when the cluster has room; fewer than this ends the run.",
+    )
+    max_count: int | None = Field(
+        None,
+        ge=1,
+        description="Elastic pool: at each iteration start the pool grows toward this many samplers while some "
+        "node has room for one; None: `count` (no growth beyond the start).",
+    )
+    min_envs_per_sampler: int = Field(
+        1,
+        ge=1,
+        description="Elastic pool: fewest env actors per sampler. Dead env actors are replaced while the cluster "
+        "has room and dropped otherwise; a sampler left with fewer at an iteration start ends the run.",
+    )
+    max_envs_per_sampler: int | None = Field(
+        None,
+        ge=1,
+        description="Elastic pool: at each iteration start every sampler grows toward this many env actors "
+        "while the cluster has room; None: `envs_per_sampler` (no growth beyond the start).",
+    )
+    env_num_cpus: float = Field(
+        0.05, gt=0.0, description="CPUs reserved by each env actor (env actors are spread over the nodes)."
+    )
+    num_gpus: float | None = Field(
+        None,
+        ge=0.0,
+        description="GPUs reserved by each sampler actor (its engine runs on the GPU it is given); None: 1 "
+        "when the Ray cluster has GPUs, else 0.",
+    )
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom Ray resources each sampler actor reserves, e.g. `{rollout_node: 1}` to place "
+        "samplers only on nodes started with `ray start --resources='{\"rollout_node\": 4}'`.",
+    )
+    start_timeout_s: float = Field(
+        300.0,
+        gt=0.0,
+        description="Longest wait for a new sampler or env actor to start (process, imports, model load); one "
+        "that has not started by then is removed and the pool stays smaller.",
+    )
 
     @model_validator(mode="after")
-    def _engine_available(self) -> SamplerConfig:
-        if self.engine == "vllm":
+    def _pool_bounds(self) -> SamplerConfig:
+        top = self.max_count if self.max_count is not None else self.count
+        if not self.min_count <= self.count <= top:
             raise ValueError(
-                "sampler.engine='vllm' is not available in this version; use sampler.engine='transformers'"
+                f"sampler pool bounds must satisfy min_count <= count <= max_count, got "
+                f"{self.min_count} <= {self.count} <= {top}"
+            )
+        top = self.max_envs_per_sampler if self.max_envs_per_sampler is not None else self.envs_per_sampler
+        if not self.min_envs_per_sampler <= self.envs_per_sampler <= top:
+            raise ValueError(
+                f"env pool bounds must satisfy min_envs_per_sampler <= envs_per_sampler <= max_envs_per_sampler, "
+                f"got {self.min_envs_per_sampler} <= {self.envs_per_sampler} <= {top}"
             )
         return self
 
@@ -128,6 +203,11 @@ class LearnerConfig(Section):
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters.")
     num_cpus: float = Field(1.0, gt=0.0, description="CPUs reserved by each learner actor.")
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom Ray resources each learner actor reserves, to place learners on chosen nodes "
+        "(e.g. `{learner_node: 1}`).",
+    )
     old_logprobs: Literal["recompute", "sampler"] = Field(
         "recompute",
         description="Ratio denominators: `recompute` scores the batch with the learner's weights before the "
@@ -209,6 +289,24 @@ class TrainerConfig(Section):
     )
     checkpoint_every: int = Field(10, ge=1, description="Save a checkpoint every N iterations (and after the last).")
     keep_checkpoints: int = Field(0, ge=0, description="Keep only the newest N complete checkpoints; 0 keeps all.")
+    on_learner_failure: Literal["fail", "restart"] = Field(
+        "fail",
+        description="When a learner actor dies: `fail` ends the run with an error (continue it with --resume); "
+        "`restart` starts new learner actors, loads the last complete checkpoint (weights, optimizer, "
+        "curriculum, task order; the start of the run if none) and goes on from there (`sync` mode).",
+    )
+    max_learner_restarts: int = Field(
+        3, ge=0, description="`restart`: learner restarts allowed in one run before it ends with an error."
+    )
+
+    @model_validator(mode="after")
+    def _restart_fits_mode(self) -> TrainerConfig:
+        if self.on_learner_failure == "restart" and self.mode != "sync":
+            raise ValueError(
+                f"trainer.on_learner_failure=restart needs trainer.mode=sync (got {self.mode!r}); "
+                "use on_learner_failure=fail and --resume instead"
+            )
+        return self
 
 
 class DataConfig(Section):
@@ -230,6 +328,23 @@ class AgentEvolConfig(Section):
     k: int = Field(1, ge=1, description="`top_k`: episodes kept per task.")
     eval_tasks: int = Field(
         0, ge=0, description="Test-split tasks played once after each round's update (`eval/test_success_rate`)."
+    )
+
+
+class WarmStartConfig(Section):
+    """SFT warm start: behaviour cloning of the env's oracle, run by ``train`` before the RL iterations."""
+
+    iterations: int = Field(0, ge=0, description="Warm-start (SFT) iterations before RL; 0 turns the phase off.")
+    tasks_per_iteration: int = Field(8, ge=1, description="Training tasks the oracle plays per warm-start iteration.")
+    lr: float = Field(1.0e-5, gt=0, description="Learning rate of the warm-start updates.")
+    epochs: int = Field(1, ge=1, description="Passes over each warm-start iteration's demonstrations.")
+    minibatches: int = Field(2, ge=1, description="Optimizer steps per warm-start epoch.")
+    horizon: int | None = Field(
+        None, ge=1, description="Turn limit of the demonstrations; None uses the curriculum's largest horizon."
+    )
+    env_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Env options merged over env.options for the demonstrations (e.g. BabyAI's `oracle: true`).",
     )
 
 
@@ -333,9 +448,17 @@ class Config(Section):
     serve: ServeConfig = Field(default_factory=ServeConfig, description="Policy HTTP endpoint.")
     data: DataConfig = Field(default_factory=DataConfig, description="Logged trajectories to train on.")
     agentevol: AgentEvolConfig = Field(default_factory=AgentEvolConfig, description="AgentEvol rounds.")
+    warm_start: WarmStartConfig = Field(
+        default_factory=WarmStartConfig, description="SFT warm start on oracle demonstrations before RL."
+    )
 
     @model_validator(mode="after")
     def _data_fits_mode(self) -> Config:
+        if self.warm_start.iterations and self.trainer.mode not in ("sync", "async"):
+            raise ValueError(
+                f"warm_start runs before RL iterations: it needs trainer.mode=sync or async (got "
+                f"{self.trainer.mode!r}); set warm_start.iterations=0"
+            )
         if self.trainer.mode == "offline" and not self.data.files:
             raise ValueError("trainer.mode=offline trains on logged trajectories: set data.files=[FILE_OR_RUN_DIR]")
         if self.trainer.mode == "agentevol" and self.algorithm.name != "sft":

@@ -1,0 +1,123 @@
+"""Where actors go on a Ray cluster: resource requests, free room per node, spread env actors.
+
+Learners and samplers are placed by the resources they request (CPUs, GPUs, custom Ray resources
+from the config); env actors are cheap and many, so they are spread over the nodes (Ray's
+``SPREAD`` strategy) and a lost node takes only a share of them. The pools grow only into room that
+exists now: ``fit_count`` packs requests into each live node's free resources, so an actor is
+started only where it can be placed at once and never waits as a pending request.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+from ray._private import state as ray_state
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from configs.schema import EnvConfig, SamplerConfig
+from envs.actor import EnvHost
+
+# Ray counts resources in units of 1e-4; a smaller slack absorbs float round-off only.
+EPSILON = 1e-6
+# Restarts Ray grants a dead env actor (as ``envs.actor.create_env_actor`` does); the sampler still
+# replaces an actor whose call failed, so these only cover deaths between episodes.
+ENV_MAX_RESTARTS = 3
+
+
+def sampler_gpus(config: SamplerConfig) -> float:
+    """GPUs per sampler: ``sampler.num_gpus``, or with None one GPU when the cluster has any."""
+    if config.num_gpus is not None:
+        return config.num_gpus
+    return 1.0 if ray.cluster_resources().get("GPU", 0.0) > 0 else 0.0
+
+
+def sampler_request(config: SamplerConfig) -> dict[str, float]:
+    """The resources one sampler actor reserves."""
+    return clean_request({"CPU": config.num_cpus, "GPU": sampler_gpus(config), **config.resources})
+
+
+def env_request(config: SamplerConfig) -> dict[str, float]:
+    """The resources one env actor reserves."""
+    return clean_request({"CPU": config.env_num_cpus})
+
+
+def clean_request(request: dict[str, float]) -> dict[str, float]:
+    """``request`` without zero amounts (Ray ignores them; they must not veto a node either)."""
+    return {name: amount for name, amount in request.items() if amount > 0}
+
+
+def free_resources_per_node() -> list[dict[str, float]]:
+    """What each live node has free now, as Ray's scheduler last reported it (may lag by a moment)."""
+    # A DeveloperAPI of Ray; the public ``ray.available_resources`` sums over nodes, which would
+    # count room that no single node has.
+    return [dict(free) for free in ray_state.available_resources_per_node().values()]
+
+
+def fit_count(free: list[dict[str, float]], request: dict[str, float], limit: int) -> int:
+    """How many actors that each need ``request`` on one node fit into ``free``, at most ``limit``.
+
+    Each placed copy goes to the node with the most of the request's first resource left (spreading
+    like Ray's ``SPREAD``) and is subtracted from ``free`` in place, so the caller can fit the next
+    kind of actor into what is left.
+
+    Args:
+        free: free resources per node, e.g. ``[{"CPU": 1.5, "GPU": 1.0}, {"CPU": 0.75}]``.
+        request: resources of one actor, e.g. ``{"CPU": 0.25}``; an empty request fits any node.
+        limit: the most copies wanted.
+
+    Returns:
+        The number of copies placed (0 when no node has room or no node is given).
+    """
+    placed = 0
+    key = next(iter(request), None)
+    while placed < limit:
+        fitting = [
+            node for node in free if all(node.get(name, 0.0) + EPSILON >= need for name, need in request.items())
+        ]
+        if not fitting:
+            break
+        node = max(fitting, key=lambda n: n.get(key, 0.0)) if key else fitting[0]
+        for name, need in request.items():
+            node[name] = node.get(name, 0.0) - need
+        placed += 1
+    return placed
+
+
+def sampler_room(free: list[dict[str, float]], config: SamplerConfig, limit: int) -> int:
+    """How many new samplers fit into ``free``, each with the ``envs_per_sampler`` env actors it starts
+    with (a sampler whose first env actors cannot be placed could not play); at most ``limit``.
+    Subtracts what it places from ``free`` in place."""
+    placed = 0
+    while placed < limit:
+        trial = [dict(node) for node in free]
+        envs = config.envs_per_sampler
+        if not fit_count(trial, sampler_request(config), 1) or fit_count(trial, env_request(config), envs) < envs:
+            break
+        free[:] = trial
+        placed += 1
+    return placed
+
+
+def has_room(request: dict[str, float]) -> bool:
+    """Whether some live node can place an actor that needs ``request`` now."""
+    return fit_count(free_resources_per_node(), request, 1) == 1
+
+
+def start_env_actor(env: EnvConfig, sampler: SamplerConfig) -> ray.actor.ActorHandle:
+    """Start an env actor for ``env``, spread over the cluster's nodes."""
+    actor_cls = ray.remote(EnvHost).options(
+        num_cpus=sampler.env_num_cpus, max_restarts=ENV_MAX_RESTARTS, scheduling_strategy="SPREAD"
+    )
+    return actor_cls.remote(env.name, env.options)
+
+
+def on_this_node() -> dict[str, Any]:
+    """Actor options that pin an actor to the driver's node.
+
+    For the small stateful actors whose loss would end the run (the curriculum): they share the
+    driver's fate anyway, so they should not add another node's. The affinity is hard: Ray's soft
+    affinity was seen placing such a zero-CPU actor on another node although the driver's had room.
+    """
+    node_id = ray.get_runtime_context().get_node_id()
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)}

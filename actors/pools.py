@@ -1,0 +1,321 @@
+"""Elastic sampler and env-actor pools: they grow into new room and shrink when actors or nodes die.
+
+The driver owns one ``SamplerPool``. At each iteration start (``refresh``) it probes every sampler,
+drops the dead ones, then grows the pool toward ``sampler.max_count`` samplers and every sampler
+toward ``sampler.max_envs_per_sampler`` env actors, as far as the cluster has room right now (see
+``actors.placement``); fewer samplers than ``sampler.min_count`` (or a sampler with fewer env actors
+than ``sampler.min_envs_per_sampler``) ends the run with ``PoolError``.
+
+During an iteration every ``collect`` call goes through ``submit``; when its sampler dies (or dies
+after returning, taking the trajectories it owned along), ``resubmit`` drops it and plays the same
+requests (same seeds) on the least busy survivor, starting a replacement only when none is left.
+Dead env actors are handled inside each sampler (replaced while there is room, dropped otherwise).
+
+The curriculum pushes horizons to the samplers registered with it; a dead one would fail every push,
+so a loss rebuilds the curriculum actor from its own state with the survivors registered.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import ray
+import structlog
+
+from actors.curriculum import CurriculumActor
+from actors.placement import (
+    env_request,
+    fit_count,
+    free_resources_per_node,
+    on_this_node,
+    sampler_gpus,
+    sampler_request,
+    sampler_room,
+)
+from actors.sampler import EpisodeRequest, SamplerActor
+from configs import Config
+
+log = structlog.get_logger()
+
+# Beyond its env actors' start-up, a live sampler answers at once (it is an async actor); this bounds a hung one.
+PROBE_TIMEOUT_S = 60.0
+
+
+class PoolError(RuntimeError):
+    """The pools fell below their configured minimum and the cluster has no room to refill them."""
+
+
+def sampler_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` (raised by ``ray.get`` on a sampler call or on the objects it returned) means the
+    sampler is gone: its process or node died, or the objects it owned died with it. An exception
+    raised inside the sampler's own code (``RayTaskError``) is not a loss."""
+    lost = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError)
+    return isinstance(exc, lost) and not isinstance(exc, ray.exceptions.RayTaskError)
+
+
+def share_growth(counts: list[int], maximum: int, room: int) -> list[int]:
+    """How many env actors to add to each sampler: ``room`` new actors, each to the sampler that has
+    the fewest so far (ties: the earliest), none beyond ``maximum``.
+
+    Example: ``share_growth([2, 4, 3], maximum=4, room=3) == [2, 0, 1]``.
+    """
+    added = [0] * len(counts)
+    for _ in range(room):
+        open_ = [i for i, n in enumerate(counts) if n + added[i] < maximum]
+        if not open_:
+            break
+        added[min(open_, key=lambda i: counts[i] + added[i])] += 1
+    return added
+
+
+@dataclass
+class Dispatch:
+    """One ``collect`` call in flight: who plays it and what, so it can be replayed elsewhere."""
+
+    sampler: ray.actor.ActorHandle
+    requests: list[EpisodeRequest]
+
+
+class SamplerPool:
+    """The run's samplers (each owning its env actors) and the curriculum they are registered with.
+
+    Args:
+        config: the resolved run config.
+    """
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.samplers: list[ray.actor.ActorHandle] = []
+        self.env_counts: dict[ray.actor.ActorHandle, int] = {}
+        self.indices: dict[ray.actor.ActorHandle, int] = {}
+        self.next_index = 0
+        self.curriculum = self._new_curriculum()
+        self.weights: list[ray.ObjectRef] | None = None  # the trainer's latest payload, for new samplers
+        self.calls: dict[ray.ObjectRef, Dispatch] = {}
+        self.counters: dict[int | None, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+
+    @property
+    def max_count(self) -> int:
+        cfg = self.config.sampler
+        return cfg.max_count if cfg.max_count is not None else cfg.count
+
+    @property
+    def max_envs(self) -> int:
+        cfg = self.config.sampler
+        return cfg.max_envs_per_sampler if cfg.max_envs_per_sampler is not None else cfg.envs_per_sampler
+
+    def env_actors(self) -> int:
+        """Env actors of the live samplers (as of the last probe or growth)."""
+        return sum(self.env_counts.get(s, 0) for s in self.samplers)
+
+    # ----------------------------------------------------------------------------- starting and growing
+
+    def start(self) -> None:
+        """Start ``sampler.count`` samplers (requested whether or not there is room now, so that a cluster
+        autoscaler sees the demand); those not up within ``sampler.start_timeout_s`` are given up.
+
+        Raises:
+            PoolError: fewer than ``sampler.min_count`` started.
+        """
+        self._spawn(self.config.sampler.count)
+        self._check_minimum()
+        log.info("sampler pool started", samplers=len(self.samplers), env_actors=self.env_actors())
+
+    def _spawn(self, count: int) -> list[ray.actor.ActorHandle]:
+        """Start ``count`` samplers, wait for them, load the current weights, register them; returns those up."""
+        cfg = self.config
+        sampler_cls = ray.remote(SamplerActor).options(
+            num_cpus=cfg.sampler.num_cpus,
+            num_gpus=sampler_gpus(cfg.sampler),
+            resources=cfg.sampler.resources or None,
+            max_concurrency=1000,
+        )
+        fresh = []
+        for _ in range(count):
+            handle = sampler_cls.remote(
+                index=self.next_index, model=cfg.model, sampler=cfg.sampler, env=cfg.env, seed=cfg.run.seed
+            )
+            self.indices[handle] = self.next_index
+            self.next_index += 1
+            fresh.append(handle)
+        probes = {s.state.remote(): s for s in fresh}
+        ready, _ = ray.wait(list(probes), num_returns=len(probes), timeout=cfg.sampler.start_timeout_s)
+        started = []
+        for ref, handle in probes.items():
+            try:
+                if ref not in ready:
+                    raise TimeoutError(f"not started within sampler.start_timeout_s={cfg.sampler.start_timeout_s}")
+                self.env_counts[handle] = ray.get(ref)["env_actors"]
+                if self.weights is not None:
+                    ray.get(handle.load_weights.remote(self.weights))
+                started.append(handle)
+            except (TimeoutError, ray.exceptions.RayError) as exc:
+                log.warning("sampler did not start", sampler=self.indices[handle], reason=first_line(exc))
+                ray.kill(handle, no_restart=True)
+        if started:
+            ray.get(self.curriculum.register.remote(started))
+            self.samplers.extend(started)
+        return started
+
+    def refresh(self, iteration: int) -> None:
+        """The iteration-boundary check: drop dead samplers, grow both pools into the room the cluster
+        has now, record the sizes as ``iteration``'s ``pool/*`` metrics.
+
+        Raises:
+            PoolError: below ``sampler.min_count`` samplers or ``sampler.min_envs_per_sampler`` env actors.
+        """
+        self._probe(iteration)
+        counts = self.counters[iteration]
+        # Read once: what the steps below start is subtracted here as they go (Ray's report would lag).
+        free = free_resources_per_node()
+        missing = self.max_count - len(self.samplers)
+        room = sampler_room(free, self.config.sampler, missing) if missing > 0 else 0
+        if room:
+            counts["pool/samplers_added"] += len(self._spawn(room))
+        wanted = sum(max(self.max_envs - self.env_counts[s], 0) for s in self.samplers)
+        room = fit_count(free, env_request(self.config.sampler), wanted) if wanted else 0
+        if room:
+            shares = share_growth([self.env_counts[s] for s in self.samplers], self.max_envs, room)
+            grown = {s.add_envs.remote(n): s for s, n in zip(self.samplers, shares, strict=True) if n}
+            for ref, handle in grown.items():
+                try:
+                    now = ray.get(ref)
+                except ray.exceptions.RayError as exc:
+                    if not sampler_lost(exc):
+                        raise
+                    self.lose(handle, iteration, exc)
+                    continue
+                counts["pool/env_actors_added"] += max(now - self.env_counts[handle], 0)
+                self.env_counts[handle] = now
+        counts["pool/samplers"] = float(len(self.samplers))
+        counts["pool/env_actors"] = float(self.env_actors())
+        if any(counts[key] for key in ("pool/samplers_added", "pool/samplers_lost", "pool/env_actors_added")):
+            log.info(
+                "pools resized",
+                samplers=len(self.samplers),
+                env_actors=self.env_actors(),
+                samplers_added=int(counts["pool/samplers_added"]),
+                samplers_lost=int(counts["pool/samplers_lost"]),
+                env_actors_added=int(counts["pool/env_actors_added"]),
+            )
+        self._check_minimum()
+
+    def _probe(self, iteration: int | None) -> None:
+        """Wait for every sampler's env actors to be up (so the free resources read next are what the
+        running actors left); drop dead and unresponsive samplers, note env actor counts."""
+        probes = {s.ready_envs.remote(): s for s in self.samplers}
+        limit = self.config.sampler.start_timeout_s + PROBE_TIMEOUT_S
+        ready, _ = ray.wait(list(probes), num_returns=len(probes), timeout=limit)
+        for ref, handle in probes.items():
+            if ref not in ready:
+                self.lose(handle, iteration, TimeoutError(f"no answer within {limit} s"))
+                continue
+            try:
+                self.env_counts[handle] = ray.get(ref)
+            except ray.exceptions.RayError as exc:
+                if not sampler_lost(exc):
+                    raise
+                self.lose(handle, iteration, exc)
+
+    def _check_minimum(self) -> None:
+        cfg = self.config.sampler
+        if len(self.samplers) < cfg.min_count:
+            raise PoolError(
+                f"{len(self.samplers)} sampler(s) alive, below sampler.min_count={cfg.min_count}, and no node has "
+                f"room for another (each needs {sampler_request(cfg)}); add nodes or lower sampler.min_count"
+            )
+        short = {
+            self.indices[s]: self.env_counts[s] for s in self.samplers if self.env_counts[s] < cfg.min_envs_per_sampler
+        }
+        if short:
+            raise PoolError(
+                f"sampler(s) {sorted(short)} have {sorted(short.values())} env actors, below "
+                f"sampler.min_envs_per_sampler={cfg.min_envs_per_sampler}, and no node has room for more (each "
+                f"needs {env_request(cfg)}); add nodes or lower sampler.min_envs_per_sampler"
+            )
+
+    # ----------------------------------------------------------------------------- losses
+
+    def lose(self, sampler: ray.actor.ActorHandle, iteration: int | None, reason: BaseException) -> None:
+        """Drop ``sampler`` (idempotent): kill it to be sure, re-register the survivors with the curriculum."""
+        if sampler not in self.samplers:
+            return
+        self.samplers.remove(sampler)
+        self.env_counts.pop(sampler, None)
+        ray.kill(sampler, no_restart=True)
+        self.counters[iteration]["pool/samplers_lost"] += 1
+        log.warning(
+            "sampler lost; the pool shrinks",
+            sampler=self.indices[sampler],
+            samplers=len(self.samplers),
+            reason=first_line(reason),
+        )
+        self._rebuild_curriculum()
+
+    def _new_curriculum(self) -> ray.actor.ActorHandle:
+        # Beside the driver: losing it would lose the horizon schedule, so it shares only the driver's fate.
+        return ray.remote(CurriculumActor).options(num_cpus=0, **on_this_node()).remote(self.config.curriculum)
+
+    def _rebuild_curriculum(self) -> None:
+        state = ray.get(self.curriculum.state.remote())
+        ray.kill(self.curriculum)
+        self.curriculum = self._new_curriculum()
+        ray.get(self.curriculum.load_state.remote(state))
+        ray.get(self.curriculum.register.remote(list(self.samplers)))
+
+    # ----------------------------------------------------------------------------- dispatch
+
+    def submit(self, sampler: ray.actor.ActorHandle, requests: list[EpisodeRequest]) -> ray.ObjectRef:
+        """Start ``sampler.collect(requests)``; returns its ref (keep it for ``resubmit`` and ``finish``)."""
+        ref = sampler.collect.remote(requests)
+        self.calls[ref] = Dispatch(sampler, requests)
+        return ref
+
+    def finish(self, ref: ray.ObjectRef) -> None:
+        """Forget a collect call whose trajectories are in hand."""
+        self.calls.pop(ref, None)
+
+    def resubmit(self, ref: ray.ObjectRef, iteration: int, reason: BaseException) -> ray.ObjectRef:
+        """Replay the requests of ``ref``, whose sampler is gone, on the least busy live sampler.
+
+        Raises:
+            PoolError: no sampler is left and the cluster has no room to start one.
+        """
+        dispatch = self.calls.pop(ref)
+        self.lose(dispatch.sampler, iteration, reason)
+        if not self.samplers and sampler_room(free_resources_per_node(), self.config.sampler, 1):
+            self.counters[iteration]["pool/samplers_added"] += len(self._spawn(1))
+        if not self.samplers:
+            raise PoolError(
+                f"every sampler died and no node has room to start a new one (each needs "
+                f"{sampler_request(self.config.sampler)}); add nodes"
+            )
+        busy = defaultdict(int)
+        for call in self.calls.values():
+            busy[call.sampler] += 1
+        target = min(self.samplers, key=lambda s: busy[s])
+        self.counters[iteration]["pool/redispatched"] += 1
+        log.warning("task group moved to another sampler", group=dispatch.requests[0].group, to=self.indices[target])
+        return self.submit(target, dispatch.requests)
+
+    def metrics(self, iteration: int) -> dict[str, float]:
+        """``iteration``'s ``pool/*`` metrics (sizes at its start, additions, losses, moved task groups)."""
+        counts = self.counters.pop(iteration, {})
+        carried = self.counters.pop(None, {})  # losses noticed outside any iteration (a resume's weight sync)
+        merged = defaultdict(float, counts)
+        for key, value in carried.items():
+            merged[key] += value
+        keys = (
+            "pool/samplers",
+            "pool/env_actors",
+            "pool/samplers_added",
+            "pool/samplers_lost",
+            "pool/env_actors_added",
+            "pool/redispatched",
+        )
+        return {key: float(merged[key]) for key in keys}
+
+
+def first_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".splitlines()[0]

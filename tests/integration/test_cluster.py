@@ -1,0 +1,262 @@
+"""Multi-node runs on a simulated cluster, and a learner killed mid-run (issue: scale out, survive faults).
+
+The cluster is ``ray.cluster_utils.Cluster`` with every node on 127.0.0.1. Its run is the real
+``agentgym-rl train`` in a subprocess connected through ``RAY_ADDRESS``, so this pytest process
+never connects to the cluster: it only starts and stops nodes, and the session's local Ray
+(``ray_local``, which other modules share) is neither replaced nor disturbed. The learner-failure
+tests need no second node and run a ``Trainer`` on ``ray_local`` in a thread, killing its learner
+from the test's thread. Every wait has a deadline, so a hang fails the test instead of stalling it.
+"""
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+import ray
+
+from actors.rundir import RunDir
+from actors.trainer import Trainer, TrainError
+from configs import load_config
+
+CLI = Path(sys.executable).parent / "agentgym-rl"
+TINY = [
+    "model.name=tiny-random",
+    "env.options.levels=[GoToRedBall, GoToRedBallNoDists]",
+    "sampler.sampling.max_new_tokens=8",
+    "curriculum.schedule=fixed",
+    "curriculum.horizon=2",
+    "trainer.tasks_per_iteration=2",
+    "algorithm.group_size=2",
+    "algorithm.entropy_coef=0.01",
+    "learner.micro_batch_size=2",
+    "learner.lr=1e-3",
+    "logging.progress=false",
+    "warm_start.iterations=0",
+]
+# The head node holds the learner (and the driver); samplers need a `rollout` slot, which only
+# worker nodes have. Room for env actors (0.25 CPU each): 1 on the head, 2 on a worker beside its
+# sampler, 1 on a worker beside a sampler and its first env actor.
+POOLS = [
+    "learner.num_cpus=0.75",
+    "learner.resources={learner_node: 1}",
+    "sampler.num_cpus=0.5",
+    "sampler.resources={rollout: 1}",
+    "sampler.count=1",
+    "sampler.max_count=2",
+    "sampler.envs_per_sampler=1",
+    "sampler.max_envs_per_sampler=3",
+    "sampler.env_num_cpus=0.25",
+    "trainer.iterations=8",
+    "trainer.checkpoint_every=10",
+    # Episodes long enough (seconds) that a node removed just after a rollout starts is mid-rollout.
+    "curriculum.horizon=3",
+    "sampler.sampling.max_new_tokens=24",
+]
+# Ray's memory monitor watches the whole machine and would kill this test's workers when other
+# programs there run short of memory; the failures under test here are the ones the tests cause.
+NODE = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "env_vars": {"RAY_memory_monitor_refresh_ms": "0"}}
+# Ray gives a new node's raylet 30 s to register; on a busy machine that can be too short.
+NODE_START_ATTEMPTS = 3
+
+
+def start_node(cluster, **args):
+    """``cluster.add_node(**args)``, tried again if the node does not come up in time. The processes of a
+    failed attempt are killed by their pids (the ones this process started meanwhile)."""
+    for attempt in range(NODE_START_ATTEMPTS):
+        head = cluster.head_node is None
+        before = {child.pid for child in psutil.Process().children()}
+        try:
+            return cluster.add_node(**args)
+        except Exception:
+            if attempt == NODE_START_ATTEMPTS - 1:
+                raise
+            for child in psutil.Process().children():
+                if child.pid not in before:
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        child.kill()
+            if head:
+                cluster.head_node = None  # the next attempt starts a head again, not a worker of this one
+
+
+@pytest.fixture
+def cluster():
+    """A head node on 127.0.0.1 with its own Ray temp dir; the test adds worker nodes (same temp dir)."""
+    from ray.cluster_utils import Cluster
+
+    temp_dir = tempfile.mkdtemp(prefix="raycl-", dir="/tmp")  # short: Ray's socket paths live below it
+    nodes = {**NODE, "temp_dir": temp_dir}
+    cluster = Cluster(initialize_head=False, connect=False)
+    # Cluster writes the head's address to `<Ray temp dir>/ray_current_cluster`, where a bare
+    # `ray.init()` anywhere on this machine (this session's `ray_local` too) would find and join it.
+    os.makedirs(os.path.join(temp_dir, "ray"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_TMPDIR", temp_dir)
+        start_node(cluster, **nodes, resources={"learner_node": 1}, include_dashboard=False)
+    yield cluster, nodes
+    # Node by node: Cluster.shutdown would also reset this process's internal-KV client, which the
+    # session's local Ray instance may be using.
+    for node in list(cluster.worker_nodes):
+        cluster.remove_node(node, allow_graceful=False)
+    cluster.remove_node(cluster.head_node)
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def wait_for(condition: Callable[[], object], what: str, timeout: float, proc: subprocess.Popen | None = None):
+    """Poll ``condition`` until it is truthy (returned) or ``timeout`` passes; fail early if ``proc`` ends."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the run ended (exit {proc.returncode}) while waiting for {what}")
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def json_lines(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):  # Ray's own lines, and a line being written
+            if line.startswith("{"):
+                records.append(json.loads(line))
+    return records
+
+
+@pytest.mark.slow
+def test_pools_grow_on_a_new_node_and_the_run_survives_losing_one(cluster, tmp_path: Path):
+    cluster, nodes = cluster
+    first = start_node(cluster, **nodes, resources={"rollout": 1})
+    run_dir = tmp_path / "runs" / "elastic"
+    settings = [*TINY, *POOLS, f"run.dir={tmp_path / 'runs'}", "run.name=elastic"]
+    command = [str(CLI), "train", *[item for s in settings for item in ("--set", s)]]
+    log_path = tmp_path / "driver.log"
+    env = {**os.environ, "RAY_ADDRESS": cluster.address}
+    with log_path.open("w") as log_file:
+        proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+    try:
+        metrics = run_dir / "metrics.jsonl"
+        wait_for(lambda: json_lines(metrics), "iteration 0", 420, proc)
+        start_node(cluster, **nodes, resources={"rollout": 1})
+        joined_at = len(json_lines(metrics))  # iterations finished once the new node is up
+        grown = wait_for(
+            lambda: [r for r in json_lines(metrics) if r["pool/samplers"] == 2], "a second sampler", 300, proc
+        )[0]["iteration"]
+        # Remove the first worker (the first sampler and its env actors) while a rollout is running.
+        lost_at = wait_for(
+            lambda: [
+                e["iteration"]
+                for e in json_lines(log_path)
+                if e.get("event") == "rollout started" and e.get("iteration", -1) > grown
+            ],
+            "the next rollout",
+            120,
+            proc,
+        )[0]
+        time.sleep(0.2)
+        cluster.remove_node(first, allow_graceful=False)
+        assert proc.wait(timeout=300) == 0, log_path.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
+    records = json_lines(metrics)
+    assert [r["iteration"] for r in records] == list(range(8))
+    by_iteration = {r["iteration"]: r for r in records}
+    # Iteration 0 already grew the first sampler's env actors into the room there was (1 -> 3).
+    assert (by_iteration[0]["pool/samplers"], by_iteration[0]["pool/env_actors"]) == (1, 3)
+    assert by_iteration[0]["pool/env_actors_added"] == 2
+    # Iteration `joined_at` may have started before the node was up; the next one at the latest grew both pools.
+    assert grown <= joined_at + 1
+    assert all(by_iteration[i]["pool/samplers"] == 1 for i in range(grown))
+    assert by_iteration[grown]["pool/env_actors"] > by_iteration[0]["pool/env_actors"]
+    assert by_iteration[grown]["pool/samplers_added"] == 1
+    # The lost node's task group was played again on the surviving sampler within the same iteration.
+    assert by_iteration[lost_at]["pool/samplers_lost"] == 1
+    assert by_iteration[lost_at]["pool/redispatched"] >= 1
+    assert all(by_iteration[i]["pool/samplers"] == 1 for i in range(lost_at + 1, 8))
+    for record in records:  # every iteration played all of its episodes
+        assert record["rollout/episodes"] + record["rollout/failed"] == 4
+    assert (run_dir / "checkpoints" / "iter_000008" / "trainer.json").is_file()
+
+
+def learner_run(tmp_path: Path, name: str, policy: str) -> Trainer:
+    settings = [
+        *TINY,
+        "sampler.envs_per_sampler=2",
+        "sampler.num_cpus=0.25",
+        "learner.num_cpus=0.5",
+        "trainer.iterations=3",
+        "trainer.checkpoint_every=1",
+        f"trainer.on_learner_failure={policy}",
+        f"run.dir={tmp_path}",
+        f"run.name={name}",
+    ]
+    config = load_config(None, settings)
+    run_dir = RunDir(tmp_path / name)
+    run_dir.create(config)
+    return Trainer(config, run_dir)
+
+
+def run_and_kill_learner(trainer: Trainer, when: Callable[[], bool]) -> dict:
+    """Run ``trainer`` in a thread, kill its learner once ``when()`` holds, wait for the run to end."""
+    outcome: dict = {}
+
+    def target() -> None:
+        try:
+            outcome["last"] = trainer.run()
+        except Exception as exc:  # handed to the test's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: when() or not thread.is_alive(), "the moment to kill the learner", 420)
+        assert thread.is_alive(), f"the run ended before the kill: {outcome}"
+        killed = trainer.learner
+        ray.kill(killed, no_restart=True)
+        thread.join(timeout=420)
+        assert not thread.is_alive(), "the run hangs after its learner was killed"
+        outcome["killed"] = killed
+        return outcome
+    finally:
+        for actor in [*trainer.learners, *trainer.samplers, trainer.curriculum]:
+            ray.kill(actor)
+
+
+@pytest.mark.slow
+def test_a_killed_learner_ends_the_run_with_a_clear_error_under_fail(ray_local, tmp_path: Path):
+    trainer = learner_run(tmp_path, "fail", "fail")
+    outcome = run_and_kill_learner(trainer, when=lambda: trainer.run_dir.read_metrics())
+    assert isinstance(outcome.get("error"), TrainError), outcome
+    assert "a learner actor died during" in str(outcome["error"])
+    assert "trainer.on_learner_failure=restart" in str(outcome["error"])
+
+
+@pytest.mark.slow
+def test_a_killed_learner_is_restarted_from_the_last_checkpoint_under_restart(ray_local, tmp_path: Path):
+    trainer = learner_run(tmp_path, "restart", "restart")
+    # Killed once the first checkpoint is complete, so there is one to go back to.
+    outcome = run_and_kill_learner(trainer, when=lambda: trainer.run_dir.complete_checkpoints())
+    assert "error" not in outcome, outcome
+    assert trainer.learner != outcome["killed"]
+    records = trainer.run_dir.read_metrics()
+    assert [r["iteration"] for r in records] == [0, 1, 2]  # each exactly once
+    # Iteration 0 (before the checkpoint) was kept, not played again; the rest ran after the restart.
+    assert records[0]["learner/restarts"] == 0 and records[-1]["learner/restarts"] == 1
+    # The new learner went on from the checkpoint's weights: one weight version per update throughout.
+    assert [r["weights_version"] for r in records] == [1, 2, 3]
+    assert [p.name for p in trainer.run_dir.complete_checkpoints()][-1] == "iter_000003"
