@@ -50,6 +50,19 @@ def cmd_view(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plot(args: argparse.Namespace) -> int:
+    # Imported here: only plot needs matplotlib.
+    from actors.plot import PlotError, parse_run_arguments, plot_runs
+
+    try:
+        output = plot_runs(parse_run_arguments(args.runs), Path(args.output), smooth=args.smooth, title=args.title)
+    except PlotError as exc:
+        print(f"agentgym-rl: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {output}")
+    return 0
+
+
 def cmd_env_server(args: argparse.Namespace) -> int:
     return run_server(args)
 
@@ -79,7 +92,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             output=args.output,
             overrides=args.set,
         )
-        configure_logging("warning")
+        configure_logging("info")
         report, path = run_eval(options)
     except (EvalError, pydantic.ValidationError) as exc:
         print(f"agentgym-rl: error: {exc}", file=sys.stderr)
@@ -195,6 +208,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="model whose chat template renders episodes without token ids (default smollm2-135m-instruct)",
     )
     p_data.set_defaults(func=cmd_data)
+
+    p_plot = sub.add_parser("plot", help="plot runs' success rate and horizon per iteration as a PNG")
+    p_plot.add_argument("runs", nargs="+", metavar="[LABEL=]RUN_DIR", help="run directories made by train")
+    p_plot.add_argument("--output", required=True, metavar="FILE", help="PNG file to write")
+    p_plot.add_argument("--smooth", type=int, default=1, help="trailing mean of the success rate over N iterations")
+    p_plot.add_argument("--title", default=None, help="figure title")
+    p_plot.set_defaults(func=cmd_plot)
 
     p_envs = sub.add_parser("envs", help="list environments with their splits and task counts")
     p_envs.set_defaults(func=cmd_envs)

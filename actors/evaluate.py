@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from scipy import stats
 
 from actors.models import model_dir
-from actors.rundir import CONFIG_FILE, RunDir
+from actors.rundir import CONFIG_FILE, POLICY_DIR, RunDir
 from actors.sampler import EpisodeRequest, SamplerActor
 from actors.trainer import init_ray
 from actors.trajectory import Trajectory
@@ -37,8 +37,6 @@ log = structlog.get_logger()
 # The paper's evaluation turn limits (REFERENCE.md "Evaluation"); other envs need --max-turns.
 DEFAULT_MAX_TURNS = {"babyai": 20, "sciworld": 30, "textcraft": 30, "search": 30, "webarena": 15}
 DEFAULT_TEMPERATURE = 1.0
-# Where LearnerActor.save_checkpoint writes the Hugging Face policy inside a checkpoint directory.
-POLICY_SUBDIR = "policy"
 Z_95 = 1.959963984540054  # standard normal quantile of 0.975
 
 
@@ -224,13 +222,13 @@ def resolve_checkpoint(path: str) -> tuple[Path, Path, RunDir | None]:
         if latest is None:
             raise EvalError(f"--checkpoint {path}: run directory without a complete checkpoint")
         folder = latest
-    if (folder / POLICY_SUBDIR / "config.json").is_file():
-        policy = folder / POLICY_SUBDIR
+    if (folder / POLICY_DIR / "config.json").is_file():
+        policy = folder / POLICY_DIR
     elif (folder / "config.json").is_file():
         policy = folder
     else:
         raise EvalError(
-            f"--checkpoint {path}: neither {POLICY_SUBDIR}/config.json nor config.json there; give a run's "
+            f"--checkpoint {path}: neither {POLICY_DIR}/config.json nor config.json there; give a run's "
             "checkpoints/iter_N directory, a run directory or a Hugging Face model directory"
         )
     run_root = folder.parent.parent
@@ -270,8 +268,17 @@ def play(config: Config, tasks: list[int], samples: int, max_turns: int) -> list
         seeds = [int(s) for s in np.random.SeedSequence([config.run.seed, task_id]).generate_state(samples)]
         requests = [EpisodeRequest(task_id=task_id, group=group, seed=seed) for seed in seeds]
         calls.append(samplers[group % len(samplers)].collect.remote(requests))
-    refs = [ref for batch in ray.get(calls) for ref in batch]
-    return ray.get(refs)
+    # Tasks finish in any order; the log reports progress about every tenth of them.
+    played: dict[ray.ObjectRef, list[Trajectory]] = {}
+    waiting, every, successes = list(calls), max(len(calls) // 10, 1), 0
+    while waiting:
+        ready, waiting = ray.wait(waiting, num_returns=1)
+        played[ready[0]] = ray.get(ray.get(ready[0]))
+        successes += sum(t.success for t in played[ready[0]])
+        if len(played) % every == 0 or not waiting:
+            episodes = len(played) * samples
+            log.info("eval progress", tasks=f"{len(played)}/{len(calls)}", success_rate=round(successes / episodes, 3))
+    return [trajectory for call in calls for trajectory in played[call]]
 
 
 def run_eval(options: EvalOptions) -> tuple[dict, Path]:

@@ -14,6 +14,8 @@ from configs import Config, dump_config
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 TRAINER_STATE = "trainer.json"
+# Where the learner writes the Hugging Face policy inside a checkpoint directory.
+POLICY_DIR = "policy"
 
 
 class RunDir:

@@ -13,13 +13,13 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from actors.models import model_dir
+from actors.rundir import POLICY_DIR
 from configs.schema import ServeConfig
 from serve.deployment import STORE_NAMESPACE, PolicyModel, store_name
 from serve.routes import PolicyAPI, build_api
 
 API_KEY_ENV = "AGENTGYM_RL_API_KEY"
 APP_NAME = "agentgym-rl"
-POLICY_SUBDIR = "policy"
 INGRESS_CPUS = 0.05
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -55,11 +55,11 @@ class ServeArgs(BaseModel):
         if self.model is not None:
             return self.model
         folder = Path(self.checkpoint).expanduser()
-        if (folder / POLICY_SUBDIR / "config.json").is_file():
-            return str(folder / POLICY_SUBDIR)
+        if (folder / POLICY_DIR / "config.json").is_file():
+            return str(folder / POLICY_DIR)
         if (folder / "config.json").is_file():
             return str(folder)
-        raise ValueError(f"checkpoint {self.checkpoint!r} has neither {POLICY_SUBDIR}/config.json nor config.json")
+        raise ValueError(f"checkpoint {self.checkpoint!r} has neither {POLICY_DIR}/config.json nor config.json")
 
     @property
     def served_id(self) -> str:

@@ -26,6 +26,7 @@ SETTINGS = [
     "trainer.iterations=4",
     "trainer.checkpoint_every=1",
     "logging.progress=false",
+    "warm_start.iterations=0",
 ]
 
 

@@ -49,6 +49,8 @@ def test_eval_model_writes_a_report_with_every_task_sampled_k_times(tmp_path: Pa
     assert set(report["categories"]) == {LEVELS[t % 40] for t in tasks}
     assert "pass@2" in overall and "avg@2" in overall
     assert "overall" in done.stdout and f"report: {output}" in done.stdout
+    progress = [line for line in (done.stdout + done.stderr).splitlines() if "eval progress" in line]
+    assert progress and "4/4" in progress[-1]  # the last task reported, with the running success rate
 
 
 @pytest.mark.slow

@@ -30,9 +30,9 @@ TINY = [
     "curriculum.advance_every=2",
     "--set",
     "trainer.checkpoint_every=2",
+    "--set",
+    "warm_start.iterations=0",
 ]
-
-
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:

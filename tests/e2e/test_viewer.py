@@ -197,6 +197,7 @@ def run_dir(tmp_path_factory) -> Path:
         "curriculum.horizons": "[2, 3]",
         "curriculum.advance_every": "1",
         "logging.progress": "false",
+        "warm_start.iterations": "0",
         "logging.max_trajectories_per_iteration": str(KEPT),
         "run.dir": str(root / "runs"),
         "run.name": "tiny",

@@ -65,6 +65,7 @@ def test_tiny_run_writes_offline_wandb_run_with_its_metrics(tmp_path: Path):
         "curriculum.horizons": "[1, 2]",
         "curriculum.advance_every": "1",
         "logging.progress": "false",
+        "warm_start.iterations": "0",
         "logging.wandb.enabled": "true",
         "logging.wandb.project": "agentgym-rl-test",
         "logging.wandb.episodes_per_iteration": "2",

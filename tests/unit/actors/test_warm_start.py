@@ -1,0 +1,35 @@
+"""The warm-start phase's derived config (pure: no Ray, no model)."""
+
+import pytest
+
+from actors.warm_start import warm_start_config
+from configs import ConfigError, load_config
+
+
+def test_warm_start_plays_the_oracle_with_sft_at_the_largest_horizon():
+    config = load_config(None, ["warm_start.iterations=3", "warm_start.lr=1e-4", "curriculum.horizons=[2, 5, 9]"])
+    derived = warm_start_config(config)
+    assert derived.sampler.policy == "oracle"
+    assert derived.algorithm.name == "sft" and derived.algorithm.group_size == 1
+    assert derived.curriculum.schedule == "fixed" and derived.curriculum.horizon == 9
+    assert derived.trainer.iterations == 3 and derived.trainer.checkpoint_every == 3
+    assert derived.learner.lr == 1e-4
+    assert derived.env.options["oracle"] is True  # the quickstart's warm_start.env_options
+    assert derived.warm_start.iterations == 0
+    # the RL config itself is left as it was
+    assert config.algorithm.name == "grpo" and config.sampler.policy == "model"
+
+
+def test_explicit_horizon_and_env_options_win():
+    config = load_config(
+        None, ["warm_start.iterations=1", "warm_start.horizon=4", "warm_start.env_options={max_steps: 7}"]
+    )
+    derived = warm_start_config(config)
+    assert derived.curriculum.horizon == 4
+    assert derived.env.options["max_steps"] == 7
+    assert derived.env.options["levels"] == config.env.options["levels"]
+
+
+def test_warm_start_is_refused_where_there_are_no_rl_iterations():
+    with pytest.raises(ConfigError, match="warm_start"):
+        load_config(None, ["warm_start.iterations=2", "trainer.mode=agentevol", "algorithm.name=sft"])
