@@ -11,11 +11,23 @@ from envs.base import EnvError, Observation, StepResult
 from envs.registry import make
 
 
+class EnvRestarted(EnvError):
+    """The env actor's process died and Ray restarted it: the episode it was playing is gone."""
+
+
 class EnvHost:
     """Holds one ``TextEnv``; every method is a thin pass-through so the env stays the single source of truth."""
 
     def __init__(self, name: str, options: dict[str, Any] | None = None) -> None:
         self.env = make(name, options)
+        # Ray runs __init__ again in a fresh process after a crash (max_restarts): a step before the
+        # next reset would act on no episode, so it is refused with a distinct error callers can retry.
+        context = ray.get_runtime_context()
+        self.lost_episode = context.get_actor_id() is not None and context.was_current_actor_reconstructed
+
+    def _check_episode(self) -> None:
+        if self.lost_episode:
+            raise EnvRestarted("the env actor was restarted after its process died; its episode is lost")
 
     def instruction(self) -> str:
         return self.env.instruction
@@ -24,14 +36,17 @@ class EnvHost:
         return list(self.env.tasks(split))
 
     def reset(self, task_id: int) -> Observation:
+        self.lost_episode = False
         return self.env.reset(task_id)
 
     def step(self, action_text: str) -> StepResult:
+        self._check_episode()
         return self.env.step(action_text)
 
     def oracle_reply(self) -> str:
         """The oracle's next move as model text: ``Action: <action>`` when the env parses that back to
         the action, else the oracle's text as is (envs whose actions are tags, like ``<answer>``)."""
+        self._check_episode()
         oracle = getattr(self.env, "oracle_action", None)
         if oracle is None:
             raise EnvError(f"env {self.env.name!r} has no oracle; sampler.policy=oracle needs one")
