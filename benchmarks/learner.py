@@ -136,8 +136,10 @@ def main() -> None:
         learner = make_learner(args.model, kl=kl, packing=packing, micro=micro if not packing else 2)
         rows.append((label, timed(lambda learner=learner: learner.update_batch(trajectories), repeats)))
 
-    print(f"model {args.model}, {n} trajectories, {tokens} tokens (lengths {min(lengths)}-{max(lengths)}), "
-          f"{sum(sum(t.loss_mask) for t in trajectories)} sampled, {torch.get_num_threads()} threads")
+    print(
+        f"model {args.model}, {n} trajectories, {tokens} tokens (lengths {min(lengths)}-{max(lengths)}), "
+        f"{sum(sum(t.loss_mask) for t in trajectories)} sampled, {torch.get_num_threads()} threads"
+    )
     print(f"{'path':<36} {'seconds':>8} {'tokens/s':>10} {'vs bare':>8}")
     for label, seconds in rows:
         print(f"{label:<36} {seconds:>8.2f} {tokens / seconds:>10.0f} {bare_s / seconds:>8.2f}")

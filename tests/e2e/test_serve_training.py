@@ -44,6 +44,7 @@ def test_training_run_serves_each_new_version(tmp_path: Path):
         "trainer.iterations": ITERATIONS,
         "trainer.checkpoint_every": ITERATIONS,
         "logging.progress": "false",
+        "warm_start.iterations": 0,
         "run.dir": tmp_path / "runs",
         "run.name": "served",
         "serve.enabled": "true",
@@ -63,15 +64,19 @@ def test_training_run_serves_each_new_version(tmp_path: Path):
     def poll_policy() -> None:
         while process.poll() is None and not final_seen.is_set():
             try:
-                info = httpx.get(url + "/v1/policy", timeout=30).json()
+                response = httpx.get(url + "/v1/policy", timeout=30)
             except httpx.TransportError:
-                if versions:  # once the endpoint is up it must stay up until the final version is read
-                    errors.append("policy poll lost the server")
+                response = None
+            if response is None or response.status_code != 200:
+                # Serve's proxy answers 503 until the app's replicas are up; once a version has been
+                # read the endpoint must stay up until the final one is.
+                if versions:
+                    errors.append(f"policy poll lost the server: {response and response.status_code}")
                     return
                 time.sleep(0.5)
                 continue
-            versions.append(info["weights_version"])
-            if info["weights_version"] == ITERATIONS:
+            versions.append(response.json()["weights_version"])
+            if versions[-1] == ITERATIONS:
                 final_seen.set()
             time.sleep(0.1)
 
