@@ -12,7 +12,8 @@ from envs.registry import make
 
 
 class EnvRestarted(EnvError):
-    """The env actor's process died and Ray restarted it: the episode it was playing is gone."""
+    """The env actor holds no episode to act on: Ray restarted it after its process died (so the
+    episode is gone), or no reset was ever made."""
 
 
 class EnvHost:
@@ -20,14 +21,15 @@ class EnvHost:
 
     def __init__(self, name: str, options: dict[str, Any] | None = None) -> None:
         self.env = make(name, options)
-        # Ray runs __init__ again in a fresh process after a crash (max_restarts): a step before the
-        # next reset would act on no episode, so it is refused with a distinct error callers can retry.
-        context = ray.get_runtime_context()
-        self.lost_episode = context.get_actor_id() is not None and context.was_current_actor_reconstructed
+        # Ray runs __init__ again in a fresh process after a crash (max_restarts), so an actor that is
+        # stepped without a reset of its own has lost its episode: callers retry that on a fresh one.
+        self.has_episode = False
 
     def _check_episode(self) -> None:
-        if self.lost_episode:
-            raise EnvRestarted("the env actor was restarted after its process died; its episode is lost")
+        if not self.has_episode:
+            raise EnvRestarted(
+                "this env actor holds no episode: it was restarted after its process died (or never reset)"
+            )
 
     def instruction(self) -> str:
         return self.env.instruction
@@ -36,8 +38,9 @@ class EnvHost:
         return list(self.env.tasks(split))
 
     def reset(self, task_id: int) -> Observation:
-        self.lost_episode = False
-        return self.env.reset(task_id)
+        observation = self.env.reset(task_id)
+        self.has_episode = True
+        return observation
 
     def step(self, action_text: str) -> StepResult:
         self._check_episode()
