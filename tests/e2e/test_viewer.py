@@ -293,7 +293,7 @@ def test_json_routes_answer_from_the_run_files(run_dir: Path, viewer: str):
 @pytest.mark.slow
 def test_page_replays_an_episode_and_follows_the_run(run_dir: Path, viewer: str, tmp_path: Path, tokenizer):
     if not CHROMIUM.exists():
-        pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium (./install.sh --dev does, as root)")
+        pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium (./install.sh does, as root)")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is missing: pip install -e '.[dev]'")
     stored = trajectories(run_dir, 1)
     index = 3
