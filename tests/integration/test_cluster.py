@@ -23,6 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 import ray
+import ray.experimental.internal_kv
 
 from actors.rundir import RunDir
 from actors.trainer import Trainer, TrainError
@@ -88,6 +89,16 @@ def start_node(cluster, **args):
                 cluster.head_node = None  # the next attempt starts a head again, not a worker of this one
 
 
+def keep_own_internal_kv() -> None:
+    """Starting a head node in this process points Ray's process-wide internal-KV client (which Serve and
+    Ray's own helpers use) at that node's GCS; point it back at the Ray instance this process is connected
+    to, or clear it, so nothing later talks to the test cluster once it is gone."""
+    if ray.is_initialized():
+        ray.experimental.internal_kv._initialize_internal_kv(ray._private.worker.global_worker.gcs_client)
+    else:
+        ray.experimental.internal_kv._internal_kv_reset()
+
+
 @pytest.fixture
 def cluster():
     """A head node on 127.0.0.1 with its own Ray temp dir; the test adds worker nodes (same temp dir)."""
@@ -102,12 +113,14 @@ def cluster():
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("RAY_TMPDIR", temp_dir)
         start_node(cluster, **nodes, resources={"learner_node": 1}, include_dashboard=False)
+    keep_own_internal_kv()
     yield cluster, nodes
     # Node by node: Cluster.shutdown would also reset this process's internal-KV client, which the
     # session's local Ray instance may be using.
     for node in list(cluster.worker_nodes):
         cluster.remove_node(node, allow_graceful=False)
     cluster.remove_node(cluster.head_node)
+    keep_own_internal_kv()
     shutil.rmtree(temp_dir, ignore_errors=True)
 
 
