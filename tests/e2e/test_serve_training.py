@@ -118,10 +118,21 @@ def test_serve_command_until_ctrl_c(tmp_path: Path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     process = start_cli("serve", "--model", "tiny-random", "--port", str(port), "--api-key", "k", cwd=tmp_path)
+    lines: list[str] = []
+    serving = threading.Event()
+
+    def read_output() -> None:
+        for line in process.stdout:
+            lines.append(line)
+            if line.startswith("serving "):
+                serving.set()
+
+    reader = threading.Thread(target=read_output)
+    reader.start()
     try:
         deadline = time.monotonic() + 300
         while True:
-            assert process.poll() is None, process.communicate()[0][-3000:]
+            assert process.poll() is None, "".join(lines)[-3000:]
             assert time.monotonic() < deadline, "server did not come up"
             try:
                 if httpx.get(url + "/healthz", timeout=5).status_code == 200:
@@ -131,11 +142,15 @@ def test_serve_command_until_ctrl_c(tmp_path: Path):
         assert httpx.get(url + "/v1/models", timeout=30).status_code == 401
         models = httpx.get(url + "/v1/models", headers={"Authorization": "Bearer k"}, timeout=30).json()
         assert [m["id"] for m in models["data"]] == ["tiny-random"]
+        # The ingress answers before the command has finished starting every deployment; Ctrl-C comes
+        # once it says it is serving.
+        assert serving.wait(timeout=300), "".join(lines)[-3000:]
         process.send_signal(signal.SIGINT)
-        output, _ = process.communicate(timeout=120)
+        process.wait(timeout=120)
     finally:
         process.kill()
-    assert process.returncode == 130, output[-3000:]
+        reader.join(timeout=30)
+    assert process.returncode == 130, "".join(lines)[-3000:]
 
 
 def test_serve_command_rejects_a_missing_checkpoint(tmp_path: Path):
