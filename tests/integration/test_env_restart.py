@@ -1,5 +1,6 @@
 """An env actor that Ray restarts after a crash refuses to step an episode it no longer has."""
 
+import contextlib
 import os
 import time
 
@@ -23,11 +24,9 @@ def test_a_restarted_env_actor_reports_the_lost_episode_until_reset(ray_local):
     ray.kill(env, no_restart=False)  # the process dies; Ray starts the actor again (max_restarts)
     deadline = time.monotonic() + 120
     while True:
-        try:
+        with contextlib.suppress(ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
             if actor_pid(env) != before:
                 break
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
-            pass
         assert time.monotonic() < deadline, "Ray did not restart the env actor"
         time.sleep(0.5)
 

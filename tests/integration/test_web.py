@@ -105,8 +105,9 @@ def test_env_actor_plays_to_success_and_survives_a_killed_browser(ray_local):
     assert "restarted" in restarted.observation and "URL: http://shop.test/\n" in restarted.observation
     assert ray.get(actor.__ray_call__.remote(lambda host: os.getpid())) == actor_pid  # same actor, new browser
     ray.get(actor.reset.remote(35))
-    while not (result := ray.get(actor.step.remote(ray.get(actor.oracle_reply.remote())))).done:
-        pass
+    result = ray.get(actor.step.remote(ray.get(actor.oracle_reply.remote())))
+    while not result.done:
+        result = ray.get(actor.step.remote(ray.get(actor.oracle_reply.remote())))
     assert result.reward == 1.0
     ray.get(actor.close.remote())
     assert browser_processes(actor_pid) == []

@@ -276,8 +276,9 @@ def test_a_killed_browser_is_restarted_on_the_next_step(env: WebEnv, kind: str) 
     assert "restarted" in result.observation and "URL: http://forum.test/f/" in result.observation
     assert first.info["url"] == result.info["url"]
     env.reset(60)  # the episode after a crash runs on the new browser, to success
-    while not (result := env.step(fenced(env.oracle_action()))).done:
-        pass
+    result = env.step(fenced(env.oracle_action()))
+    while not result.done:
+        result = env.step(fenced(env.oracle_action()))
     assert result.reward == 1.0
 
 
