@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 from pathlib import Path
 
@@ -15,18 +14,13 @@ from pydantic import ValidationError
 from ray import serve as ray_serve
 
 from actors.models import load_model, load_tokenizer
+from actors.trainer import free_port
 from actors.weights import pack_state_dict
 from configs.schema import ServeConfig
 from serve.app import ServeArgs, build_app, delete_app, start_server, stop_server
 
 API_KEY = "test-key-123"
 MAX_TOKENS = 24
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ import contextlib
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ import uvicorn
 from fastapi import Body, FastAPI
 from fastapi.responses import PlainTextResponse
 
+from actors.trainer import free_port
 from envs.actor import create_env_actor
 from envs.base import EnvError
 from envs.http import AgentGymClient
@@ -50,12 +50,6 @@ def browser_processes(pid: int) -> list[psutil.Process]:
             if "chrom" in process.name().lower() or "playwright" in command:
                 found.append(process)
     return found
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextlib.contextmanager
