@@ -9,6 +9,7 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
+import playwright
 import psutil
 import pytest
 
@@ -257,9 +258,17 @@ def test_screenshot_of_a_bundled_site_is_a_real_render(env: WebEnv, tmp_path: Pa
 
 
 def browser_processes(pid: int, kind: str) -> list[psutil.Process]:
-    """``kind`` "chromium": Chromium's processes below ``pid``; "driver": Playwright's driver (node)."""
-    children = psutil.Process(pid).children(recursive=True)
-    return [p for p in children if ("chrom" in p.name().lower()) == (kind == "chromium")]
+    """``kind`` "chromium": Chromium's processes below ``pid``; "driver": Playwright's driver (its bundled
+    node). Nothing else is picked: this process's other children include the session's Ray processes."""
+    driver = str(Path(playwright.__file__).parent / "driver")
+    found = []
+    for process in psutil.Process(pid).children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if kind == "chromium" and "chrom" in process.name().lower():
+                found.append(process)
+            elif kind == "driver" and process.exe().startswith(driver):
+                found.append(process)
+    return found
 
 
 @pytest.mark.parametrize("kind", ["chromium", "driver"])
