@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import socket
 import subprocess
@@ -14,7 +13,6 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import ray
-import uvicorn
 
 import envs
 from envs.actor import create_env_actor
@@ -23,6 +21,7 @@ from envs.base import EnvError, StepResult
 from envs.http import AgentGymClient, build_app
 from envs.http.client import NO_ACTION
 from envs.registry import register
+from tests.integration.http_server import serve
 
 RELEASE = threading.Event()
 
@@ -47,22 +46,6 @@ class UnstartableEnv(BabyAIEnv):
 
 register("test-faulty-babyai", f"{__name__}:FaultyBabyAI")
 register("test-unstartable", f"{__name__}:UnstartableEnv")
-
-
-@contextlib.contextmanager
-def serve(app) -> Iterator[str]:
-    """Run ``app`` under uvicorn in a thread on a free 127.0.0.1 port; yields its base URL."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")

@@ -11,13 +11,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import Annotated, Any
 
 import psutil
 import pytest
 import ray
-import uvicorn
 from fastapi import Body, FastAPI
 from fastapi.responses import PlainTextResponse
 
@@ -28,6 +26,7 @@ from envs.http import AgentGymClient
 from envs.http.client import RemoteEnvError
 from envs.web import WebArenaClient, WebEnv
 from envs.web.tasks import TASKS
+from tests.integration.http_server import serve
 
 pytestmark = pytest.mark.skipif(
     shutil.which("chromium") is None and shutil.which("chromium-browser") is None,
@@ -50,21 +49,6 @@ def browser_processes(pid: int) -> list[psutil.Process]:
             if "chrom" in process.name().lower() or "playwright" in command:
                 found.append(process)
     return found
-
-
-@contextlib.contextmanager
-def serve(app) -> Iterator[str]:
-    """Run ``app`` under uvicorn in a thread on a free 127.0.0.1 port; yields its base URL."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    server.should_exit = True
-    thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")
