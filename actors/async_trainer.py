@@ -31,9 +31,9 @@ class Launch:
     """One iteration's rollout in flight."""
 
     iteration: int
-    horizon: int
-    pending: dict[ray.ObjectRef, int]
-    schedule_state: dict  # the task schedule before this launch drew its tasks (what a resume replays)
+    horizons: list[int]  # each env's, in env order
+    pending: dict[ray.ObjectRef, tuple[int, int]]
+    schedule_states: list[dict]  # each env's task draw before this launch drew its tasks (what a resume replays)
     started: float
 
 
@@ -58,18 +58,20 @@ class AsyncTrainer(Trainer):
     """
 
     def _launch(self, iteration: int) -> Launch:
-        schedule_state = self.schedule.state()
-        horizon = ray.get(self.curriculum.start_iteration.remote(iteration))["horizon"]
-        return Launch(iteration, horizon, self._launch_rollout(iteration), schedule_state, time.perf_counter())
+        schedule_states = [slot.schedule.state() for slot in self.slots]
+        horizons = self._start_horizons(iteration)
+        return Launch(iteration, horizons, self._launch_rollout(iteration), schedule_states, time.perf_counter())
 
     def _checkpoint_rewound(self, iterations_done: int, inflight: deque[Launch]) -> Path:
-        current = self.schedule.state()
+        current = [slot.schedule.state() for slot in self.slots]
         if inflight:
-            self.schedule.load_state(inflight[0].schedule_state)
+            for slot, state in zip(self.slots, inflight[0].schedule_states, strict=True):
+                slot.schedule.load_state(state)
         try:
             return self._checkpoint(iterations_done)
         finally:
-            self.schedule.load_state(current)
+            for slot, state in zip(self.slots, current, strict=True):
+                slot.schedule.load_state(state)
 
     def run(self) -> dict:
         """Train to ``trainer.iterations`` with rollout ahead of training; returns the last metrics."""
@@ -90,9 +92,12 @@ class AsyncTrainer(Trainer):
                 refs, trajectories = self._await_rollout(launch.pending, iteration, display.progress)
                 rollout_wait_s = time.perf_counter() - waited
                 rollout_s = time.perf_counter() - launch.started
+                lost = [t for t in trajectories if t.failed]
                 refs, trajectories, failed = split_failed(refs, trajectories)
                 learner_version = self.weights_version
                 refs, trajectories, dropped = drop_stale(refs, trajectories, learner_version, depth)
+                # per env over the same episodes as the overall keys: the kept ones (and the failed, counted)
+                reports, env_keys = self._env_reports([*trajectories, *lost], launch.horizons)
                 update_started = time.perf_counter()
                 updates = [lr.update.remote(refs) for lr in self.learners] if refs else []
                 # The next rollouts start before the update is awaited: this is the overlap.
@@ -104,9 +109,10 @@ class AsyncTrainer(Trainer):
                 sync_s = self._sync_weights(iteration)
                 last = {
                     "iteration": iteration,
-                    "horizon": launch.horizon,
+                    "horizon": max(launch.horizons),
                     "weights_version": self.weights_version,
                     **rollout_metrics(trajectories, failed),
+                    **env_keys,
                     "rollout/dropped_stale": float(dropped),
                     "rollout/learner_version": float(learner_version),
                     "rollout/staleness_max": float(
@@ -119,7 +125,7 @@ class AsyncTrainer(Trainer):
                     "time/sync_s": sync_s,
                     "time/iteration_s": rollout_wait_s + update_wait_s + sync_s,
                 }
-                self._record(display, last, trajectories, dropped_stale=dropped, failed=failed)
+                self._record(display, last, trajectories, reports, dropped_stale=dropped, failed=failed)
                 done = iteration + 1
                 if done % cfg.trainer.checkpoint_every == 0 or done == cfg.trainer.iterations:
                     self._checkpoint_rewound(done, inflight)

@@ -28,7 +28,8 @@ log = structlog.get_logger()
 def cmd_train(args: argparse.Namespace) -> int:
     config, run_dir = prepare_run(args.config, args.set, args.resume)
     configure_logging(config.logging.level)
-    log.info("run directory", path=str(run_dir.path), model=config.model.name, env=config.env.name)
+    envs = [entry.name for entry in config.envs] or config.env.name
+    log.info("run directory", path=str(run_dir.path), model=config.model.name, env=envs)
     last = train(config, run_dir, resume=bool(args.resume))
     if last:
         print(

@@ -19,9 +19,11 @@ import numpy as np
 import ray
 import ray._private.ray_constants as ray_constants
 import structlog
+from pydantic import ValidationError
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from actors.chat import ChatFormat
+from actors.mix import EnvSlot, apportion, check_envs, env_metrics, env_run_config, mix_entries, schedule_seed
 from actors.models import load_tokenizer, model_dir
 from actors.pools import PoolError, SamplerPool, sampler_lost
 from actors.rundir import CONFIG_FILE, TRAINER_STATE, RunDir
@@ -29,7 +31,8 @@ from actors.sampler import EpisodeRequest
 from actors.tracking import WandbTracker, select_trajectories, wandb_tracker
 from actors.trajectory import Trajectory
 from configs import Config, ConfigError, load_config
-from envs import make
+from configs.schema import MixEntry
+from envs import EnvError, make
 from learner.actor import LearnerActor
 from learner.algorithms import AlgorithmConfigError, build_algorithm
 
@@ -85,9 +88,9 @@ def init_ray(config: Config) -> None:
 class TaskSchedule:
     """Seeded draw of the tasks of each iteration (distinct within an iteration); resumable."""
 
-    def __init__(self, tasks: list[int], per_iteration: int, seed: int) -> None:
+    def __init__(self, tasks: list[int], per_iteration: int, seed: int, *, source: str = "env") -> None:
         if not tasks:
-            raise TrainError("the env split has no tasks; check env.split and env.options")
+            raise TrainError(f"the env split has no tasks; check {source}.split and {source}.options")
         self.tasks = tasks
         self.per_iteration = min(per_iteration, len(tasks))
         self.rng = np.random.default_rng(seed)
@@ -145,43 +148,66 @@ class Trainer:
         self.policy_server = None  # the Serve model deployment's handle when serve.enabled
 
     @property
+    def mixed(self) -> bool:
+        """Whether the run trains on a mix of envs (``envs``) rather than on ``env`` alone."""
+        return bool(self.config.envs)
+
+    @property
     def samplers(self) -> list[ray.actor.ActorHandle]:
-        """The live samplers (the elastic pool's list: it shrinks and grows during the run)."""
-        return self.pools.samplers
+        """The live samplers of every env (the elastic pools shrink and grow during the run)."""
+        return [sampler for slot in self.slots for sampler in slot.pool.samplers]
 
     @property
     def curriculum(self) -> ray.actor.ActorHandle:
-        """The curriculum actor (the pool rebuilds it with the survivors when a sampler is lost)."""
-        return self.pools.curriculum
+        """The first env's curriculum actor (the only one unless ``envs`` is set; ``slots[i].pool.curriculum``
+        is env i's). A pool rebuilds it with the survivors when a sampler is lost."""
+        return self.slots[0].pool.curriculum
+
+    def _new_slot(self, index: int, entry: MixEntry, per_iteration: int) -> EnvSlot:
+        """Env ``index`` of the run: its task draw and its (not yet started) sampler pool."""
+        cfg = self.config
+        source = f"envs[{index}]" if self.mixed else "env"
+        try:
+            env = make(entry.name, entry.options)
+        except (EnvError, ValidationError) as exc:
+            if not self.mixed:
+                raise
+            raise TrainError(f"{source} ({entry.name}): {exc}") from exc
+        try:
+            tasks = list(env.tasks(entry.split))
+        finally:
+            env.close()
+        schedule = TaskSchedule(tasks, per_iteration, schedule_seed(cfg.run.seed, index), source=source)
+        derived = env_run_config(cfg, entry)
+        return EnvSlot(name=entry.name, config=derived, schedule=schedule, pool=SamplerPool(derived))
 
     def _start_actors(self) -> None:
         cfg = self.config
         model_dir(cfg.model.name)  # build a built-in model once here, before actors race to do it
-        env = make(cfg.env.name, cfg.env.options)
-        self.schedule = TaskSchedule(list(env.tasks(cfg.env.split)), cfg.trainer.tasks_per_iteration, cfg.run.seed)
-        env.close()
+        entries = mix_entries(cfg)
+        shares = apportion(cfg.trainer.tasks_per_iteration, [entry.weight for entry in entries])
+        self.slots = [self._new_slot(i, entry, n) for i, (entry, n) in enumerate(zip(entries, shares, strict=True))]
         self._start_learners()
-        self.pools = SamplerPool(cfg)
-        try:
-            self.pools.start()
-        except PoolError as exc:
-            raise TrainError(str(exc)) from exc
+        for slot in self.slots:
+            try:
+                slot.pool.start()
+            except PoolError as exc:
+                raise TrainError(f"{slot.name}: {exc}" if self.mixed else str(exc)) from exc
         # Where a learner restart goes back to while no checkpoint exists.
-        self.initial_state = {
-            "task_schedule": self.schedule.state(),
-            "curriculum": ray.get(self.curriculum.state.remote()),
-        }
+        self.initial_state = self._env_states()
         described = ray.get(self.learner.describe.remote())
+        if self.mixed:
+            described["tasks_per_env"] = {slot.name: slot.schedule.per_iteration for slot in self.slots}
         tokens_per_iteration = (
             cfg.trainer.tasks_per_iteration * cfg.algorithm.group_size * cfg.sampler.max_context_tokens
         )
         log.info(
             "actors ready",
             samplers=len(self.samplers),
-            env_actors=self.pools.env_actors(),
+            env_actors=sum(slot.pool.env_actors() for slot in self.slots),
             episodes_per_iteration=cfg.trainer.tasks_per_iteration * cfg.algorithm.group_size,
             max_tokens_per_iteration=tokens_per_iteration,
-            train_tasks=len(self.schedule.tasks),
+            train_tasks=sum(len(slot.schedule.tasks) for slot in self.slots),
             **described,
         )
 
@@ -227,10 +253,39 @@ class Trainer:
             self.weights_version = ray.get([lr.load_checkpoint.remote(str(checkpoint)) for lr in self.learners])[0]
         except ray.exceptions.RayActorError as exc:
             raise self._learner_died("a checkpoint load", exc) from exc
-        self.schedule.load_state(state["task_schedule"])
-        ray.get(self.curriculum.load_state.remote(state["curriculum"]))
+        self._load_env_states(state)
         self._sync_weights()
         return state["iterations_done"]
+
+    def _env_states(self) -> dict:
+        """Each env's task draw and curriculum state as a checkpoint stores them: ``task_schedule`` and
+        ``curriculum`` for a one-env run (the format from before ``envs``), ``envs.<name>.*`` for a mix."""
+        curricula = ray.get([slot.pool.curriculum.state.remote() for slot in self.slots])
+        states = {
+            slot.name: {"task_schedule": slot.schedule.state(), "curriculum": curriculum}
+            for slot, curriculum in zip(self.slots, curricula, strict=True)
+        }
+        return {"envs": states} if self.mixed else states[self.slots[0].name]
+
+    def _load_env_states(self, state: dict) -> None:
+        """Restore what ``_env_states`` stored (pushing the restored horizons to the samplers).
+
+        Raises:
+            TrainError: the checkpoint lacks an env of this run's mix (or is a one-env checkpoint).
+        """
+        if not self.mixed:
+            states = {self.slots[0].name: state}
+        else:
+            states = state.get("envs", {})
+            missing = [slot.name for slot in self.slots if slot.name not in states]
+            if missing:
+                raise TrainError(
+                    f"the checkpoint holds no task draw or curriculum for env(s) {missing} (it has "
+                    f"{sorted(states) or 'a one-env run'}); resume with the envs the run was started with"
+                )
+        for slot in self.slots:
+            slot.schedule.load_state(states[slot.name]["task_schedule"])
+        ray.get([slot.pool.curriculum.load_state.remote(states[slot.name]["curriculum"]) for slot in self.slots])
 
     def _restart_learners(self, lost: LearnerLost) -> int:
         """Replace the learners after ``lost`` and go back to the last complete checkpoint (the run's start
@@ -253,8 +308,7 @@ class Trainer:
         checkpoint = self.run_dir.latest_checkpoint()
         try:
             if checkpoint is None:
-                self.schedule.load_state(self.initial_state["task_schedule"])
-                ray.get(self.curriculum.load_state.remote(self.initial_state["curriculum"]))
+                self._load_env_states(self.initial_state)
                 self._sync_weights()
                 iteration = 0
             else:
@@ -302,10 +356,12 @@ class Trainer:
             payload_ref = ray.get(self.learner.publish_weights.remote())
         except ray.exceptions.RayActorError as exc:
             raise self._learner_died("the weight sync", exc) from exc
-        self.pools.weights = payload_ref  # what samplers that join later load
-        loads = {s.load_weights.remote(payload_ref): s for s in self.samplers}
+        loads = {}
+        for slot in self.slots:
+            slot.pool.weights = payload_ref  # what samplers that join later load
+            loads.update({s.load_weights.remote(payload_ref): (slot.pool, s) for s in slot.pool.samplers})
         versions = []
-        for ref, sampler in loads.items():
+        for ref, (pool, sampler) in loads.items():
             try:
                 versions.append(ray.get(ref))
             except ray.exceptions.RayError as exc:
@@ -314,7 +370,7 @@ class Trainer:
                     raise self._learner_died("the weight sync", exc) from exc
                 if not sampler_lost(exc):
                     raise
-                self.pools.lose(sampler, iteration, exc)
+                pool.lose(sampler, iteration, exc)
         if versions:
             self.weights_version = versions[0]
         if self.policy_server is not None:
@@ -326,47 +382,59 @@ class Trainer:
         """Play this iteration's task groups; returns the trajectory refs and the trajectories, by group."""
         return self._await_rollout(self._launch_rollout(iteration), iteration, progress)
 
-    def _launch_rollout(self, iteration: int) -> dict[ray.ObjectRef, int]:
+    def _launch_rollout(self, iteration: int) -> dict[ray.ObjectRef, tuple[int, int]]:
         """Check the pools (this is the iteration boundary: they shrink to the live actors and grow into
-        new room), draw this iteration's tasks and start their episodes; returns each collect call's group."""
-        try:
-            self.pools.refresh(iteration)
-        except PoolError as exc:
-            raise TrainError(str(exc)) from exc
+        new room), draw this iteration's tasks of every env and start their episodes; returns each collect
+        call's (env index, group). Groups are numbered across envs (env 0's tasks first), so every task
+        of the iteration has its own group and episode seeds."""
+        for slot in self.slots:
+            try:
+                slot.pool.refresh(iteration)
+            except PoolError as exc:
+                raise TrainError(f"{slot.name}: {exc}" if self.mixed else str(exc)) from exc
         group_size = self.config.algorithm.group_size
         pending = {}
-        for group, task_id in enumerate(self.schedule.next()):
-            sampler = self.samplers[group % len(self.samplers)]
-            requests = [
-                EpisodeRequest(
-                    task_id=task_id, group=group, seed=episode_seed(self.config.run.seed, iteration, group, k)
-                )
-                for k in range(group_size)
-            ]
-            pending[self.pools.submit(sampler, requests)] = group
+        group = 0
+        for index, slot in enumerate(self.slots):
+            samplers = slot.pool.samplers
+            for local, task_id in enumerate(slot.schedule.next()):
+                sampler = samplers[local % len(samplers)]
+                requests = [
+                    EpisodeRequest(
+                        task_id=task_id, group=group, seed=episode_seed(self.config.run.seed, iteration, group, k)
+                    )
+                    for k in range(group_size)
+                ]
+                pending[slot.pool.submit(sampler, requests)] = (index, group)
+                group += 1
         log.info(
-            "rollout started", samplers=len(self.samplers), env_actors=self.pools.env_actors(), groups=len(pending)
+            "rollout started",
+            samplers=len(self.samplers),
+            env_actors=sum(slot.pool.env_actors() for slot in self.slots),
+            groups=len(pending),
         )
         return pending
 
     def _await_rollout(
-        self, pending: dict[ray.ObjectRef, int], iteration: int, progress: Progress | None
+        self, pending: dict[ray.ObjectRef, tuple[int, int]], iteration: int, progress: Progress | None
     ) -> tuple[list[ray.ObjectRef], list[Trajectory]]:
         """Wait for the collect calls of ``_launch_rollout``; returns trajectory refs and trajectories, by group.
 
-        A call whose sampler died (before or after it returned) is played again on a survivor, so the
-        iteration completes with every task group.
+        A call whose sampler died (before or after it returned) is played again on a survivor of the same
+        env's pool, so the iteration completes with every task group.
         """
         group_size = self.config.algorithm.group_size
         bar = None
         if progress is not None:
             bar = progress.add_task(f"iteration {iteration} episodes", total=len(pending) * group_size, status="")
-        groups = dict(pending)
+        calls = dict(pending)
         by_group: dict[int, tuple[list[ray.ObjectRef], list[Trajectory]]] = {}
-        waiting = list(groups)
+        waiting = list(calls)
         while waiting:
             ready, waiting = ray.wait(waiting, num_returns=1)
             call = ready[0]
+            index, group = calls[call]
+            pool = self.slots[index].pool
             try:
                 # The sampler owns these objects: fetch them now, while it is alive.
                 trajectories = ray.get(ray.get(call))
@@ -374,21 +442,46 @@ class Trainer:
                 if not sampler_lost(exc):
                     raise
                 try:
-                    retry = self.pools.resubmit(call, iteration, exc)
+                    retry = pool.resubmit(call, iteration, exc)
                 except PoolError as error:
-                    raise TrainError(str(error)) from error
-                groups[retry] = groups[call]
+                    raise TrainError(f"{self.slots[index].name}: {error}" if self.mixed else str(error)) from error
+                calls[retry] = calls[call]
                 waiting.append(retry)
                 continue
-            self.pools.finish(call)
+            pool.finish(call)
             # Owned by the driver from here on, so the learner reads them whatever becomes of the sampler.
-            by_group[groups[call]] = ([ray.put(t) for t in trajectories], trajectories)
+            by_group[group] = ([ray.put(t) for t in trajectories], trajectories)
             if bar is not None:
                 progress.advance(bar, group_size)
         if bar is not None:
             progress.remove_task(bar)
         refs = [ref for group in sorted(by_group) for ref in by_group[group][0]]
         return refs, [t for group in sorted(by_group) for t in by_group[group][1]]
+
+    def _start_horizons(self, iteration: int) -> list[int]:
+        """Move every env's curriculum to ``iteration`` (pushing changed horizons to its samplers); returns
+        each env's horizon, in env order."""
+        results = ray.get([slot.pool.curriculum.start_iteration.remote(iteration) for slot in self.slots])
+        for slot, result in zip(self.slots, results, strict=True):
+            if result["changed"]:
+                log.info("horizon changed", env=slot.name, horizon=result["horizon"])
+        return [result["horizon"] for result in results]
+
+    def _env_reports(self, trajectories: list[Trajectory], horizons: list[int]) -> tuple[list[dict], dict]:
+        """Split an iteration's episodes (failed ones included) by env.
+
+        Returns:
+            each env's ``rollout_metrics`` (what its curriculum is told), and the ``env/<name>/*`` keys of
+            the metrics record (none for a one-env run, whose overall keys say it all).
+        """
+        reports, keys = [], {}
+        for slot, horizon in zip(self.slots, horizons, strict=True):
+            own = [t for t in trajectories if t.env == slot.name]
+            played = [t for t in own if not t.failed]
+            reports.append(rollout_metrics(played, len(own) - len(played)))
+            if self.mixed:
+                keys.update(env_metrics(slot.name, reports[-1], len(played), horizon))
+        return reports, keys
 
     def _update(self, refs: list[ray.ObjectRef]) -> dict:
         """Train every learner on ``refs``; a dead learner ends the run with a message (or, with
@@ -407,8 +500,7 @@ class Trainer:
         state = {
             "iterations_done": iterations_done,
             "weights_version": self.weights_version,
-            "curriculum": ray.get(self.curriculum.state.remote()),
-            "task_schedule": self.schedule.state(),
+            **self._env_states(),
         }
         path = self.run_dir.publish_checkpoint(staging, iterations_done, state)
         removed = self.run_dir.prune_checkpoints(self.config.trainer.keep_checkpoints)
@@ -449,17 +541,20 @@ class Trainer:
         if self.policy_server is not None:
             self._stop_serving()
 
-    def _record(self, display: Display, record: dict, trajectories: list[Trajectory], **log_fields) -> None:
-        """Write one finished iteration: trajectories, metrics line, curriculum report, tracker, log, progress."""
+    def _record(
+        self, display: Display, record: dict, trajectories: list[Trajectory], reports: list[dict], **log_fields
+    ) -> None:
+        """Write one finished iteration: trajectories, metrics line, each env's curriculum report (``reports``,
+        in env order), tracker, log, progress."""
         cfg = self.config
         iteration = record["iteration"]
-        record.update(self.pools.metrics(iteration))
+        record.update(pool_metrics([slot.pool.metrics(iteration) for slot in self.slots]))
         record["learner/restarts"] = float(self.learner_restarts)
         kept = select_trajectories(trajectories, cfg.logging.max_trajectories_per_iteration, cfg.run.seed, iteration)
         self.run_dir.write_trajectories(iteration, kept)
         self.run_dir.append_metrics(record)
         # the adaptive curriculum decides here; its advance applies from a later iteration
-        ray.get(self.curriculum.report.remote(iteration, record))
+        ray.get([slot.pool.curriculum.report.remote(iteration, r) for slot, r in zip(self.slots, reports, strict=True)])
         if display.tracker is not None:
             display.tracker.log_iteration(record, trajectories)
         log.info(
@@ -500,22 +595,25 @@ class Trainer:
         cfg = self.config
         structlog.contextvars.bind_contextvars(iteration=iteration)
         started = time.perf_counter()
-        horizon = ray.get(self.curriculum.start_iteration.remote(iteration))["horizon"]
-        refs, trajectories, failed = split_failed(*self._rollout(iteration, display.progress))
+        horizons = self._start_horizons(iteration)
+        refs, trajectories = self._rollout(iteration, display.progress)
+        reports, env_keys = self._env_reports(trajectories, horizons)
+        refs, trajectories, failed = split_failed(refs, trajectories)
         rollout_s = time.perf_counter() - started
         learner_metrics = self._update(refs) if refs else {}
         sync_s = self._sync_weights(iteration)
         record = {
             "iteration": iteration,
-            "horizon": horizon,
+            "horizon": max(horizons),
             "weights_version": self.weights_version,
             **rollout_metrics(trajectories, failed),
+            **env_keys,
             **learner_metrics,
             "time/rollout_s": rollout_s,
             "time/sync_s": sync_s,
             "time/iteration_s": time.perf_counter() - started,
         }
-        self._record(display, record, trajectories)
+        self._record(display, record, trajectories, reports)
         done = iteration + 1
         if done % cfg.trainer.checkpoint_every == 0 or done == cfg.trainer.iterations:
             self._checkpoint(done)
@@ -523,7 +621,7 @@ class Trainer:
 
     def stop_actors(self) -> None:
         """Kill this run's actors; the env actors go with the samplers that own them."""
-        for actor in [*self.learners, *self.samplers, self.curriculum]:
+        for actor in [*self.learners, *self.samplers, *(slot.pool.curriculum for slot in self.slots)]:
             ray.kill(actor)
 
 
@@ -532,6 +630,11 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def pool_metrics(per_pool: list[dict[str, float]]) -> dict[str, float]:
+    """The run's ``pool/*`` metrics: each key summed over the envs' pools."""
+    return {key: sum(metrics[key] for metrics in per_pool) for key in per_pool[0]}
 
 
 def episode_seed(run_seed: int, iteration: int, group: int, index: int) -> int:
@@ -559,13 +662,15 @@ def prepare_run(config_path: str | None, overrides: list[str], resume: str | Non
             raise TrainError(f"--resume {resume}: no {CONFIG_FILE} there; give a run directory made by train")
         config = load_config(path / CONFIG_FILE, overrides)
         check_algorithm(config)
+        check_envs(config)
         run_dir = RunDir(path)
         run_dir.create(config)
         return config, run_dir
     config = load_config(config_path, overrides)
     check_algorithm(config)
+    check_envs(config)
     if config.run.name is None:
-        config.run.name = f"{config.env.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        config.run.name = f"{'mix' if config.envs else config.env.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = RunDir(Path(config.run.dir) / config.run.name)
     if run_dir.metrics.exists() and run_dir.metrics.stat().st_size > 0:
         raise TrainError(

@@ -6,6 +6,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+# Driver loops that train on a weighted mix of envs (`envs`).
+MIX_MODES = ("sync", "async")
+
 
 class Section(BaseModel):
     """Base of every config section: unknown keys are errors, assignments are validated."""
@@ -270,6 +273,25 @@ class CurriculumConfig(Section):
         return self
 
 
+class MixEntry(Section):
+    """One env of a multi-env run (`envs`): its share of every iteration's tasks and its own horizon schedule."""
+
+    name: str = Field(description="Registered environment name (see `agentgym-rl envs`); each env at most once.")
+    weight: float = Field(
+        1.0,
+        gt=0.0,
+        description="Share of each iteration's `trainer.tasks_per_iteration` tasks, relative to the other entries' "
+        "weights (largest remainder; every env gets at least one task).",
+    )
+    split: Literal["train", "test"] = Field("train", description="Split that this env's training tasks are drawn from.")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Env-specific options, validated by the env's own Options model."
+    )
+    curriculum: CurriculumConfig | None = Field(
+        None, description="This env's horizon schedule (its own CurriculumActor); None: the run's `curriculum`."
+    )
+
+
 class TrainerConfig(Section):
     iterations: int = Field(100, ge=1, description="Training iterations (rollout + update each).")
     tasks_per_iteration: int = Field(
@@ -437,7 +459,14 @@ class Config(Section):
 
     run: RunConfig = Field(default_factory=RunConfig, description="Run name, directory and seed.")
     model: ModelConfig = Field(default_factory=ModelConfig, description="Policy model.")
-    env: EnvConfig = Field(default_factory=EnvConfig, description="Training environment.")
+    env: EnvConfig = Field(
+        default_factory=EnvConfig, description="Training environment (unused for training when `envs` is set)."
+    )
+    envs: list[MixEntry] = Field(
+        default_factory=list,
+        description="Multi-env training: a weighted mix of envs, each with its own samplers, env actors, task draw "
+        "and horizon schedule (metrics `env/<name>/*`). Empty: train on `env` alone.",
+    )
     sampler: SamplerConfig = Field(default_factory=SamplerConfig, description="Rollout samplers.")
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="RL algorithm.")
     learner: LearnerConfig = Field(default_factory=LearnerConfig, description="Learner.")
@@ -465,6 +494,32 @@ class Config(Section):
             raise ValueError(
                 f"trainer.mode=agentevol fine-tunes on filtered episodes: set algorithm.name=sft "
                 f"(got {self.algorithm.name!r})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _mix_fits(self) -> Config:
+        if not self.envs:
+            return self
+        names = [entry.name for entry in self.envs]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(
+                f"envs lists {repeated} more than once; give each env one entry (its weight sets its share)"
+            )
+        if self.trainer.mode not in MIX_MODES:
+            raise ValueError(
+                f"envs (multi-env training) supports trainer.mode {' or '.join(MIX_MODES)}, got {self.trainer.mode!r}"
+            )
+        if self.warm_start.iterations:
+            raise ValueError(
+                "warm_start demonstrations come from one env, so it cannot run before multi-env training (envs); "
+                "set warm_start.iterations=0"
+            )
+        if self.trainer.tasks_per_iteration < len(self.envs):
+            raise ValueError(
+                f"trainer.tasks_per_iteration={self.trainer.tasks_per_iteration} is below the {len(self.envs)} envs "
+                f"of envs (each env plays at least one task per iteration); raise it to {len(self.envs)} or more"
             )
         return self
 
