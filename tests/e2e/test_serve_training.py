@@ -141,7 +141,11 @@ def test_serve_command_until_ctrl_c(tmp_path: Path):
         # once it says it is serving.
         assert serving.wait(timeout=300), "".join(lines)[-3000:]
         process.send_signal(signal.SIGINT)
-        process.wait(timeout=120)
+        # About 6 s at load 3; one run at load 14 on 2 cores went past 120 s. The output says where.
+        try:
+            process.wait(timeout=360)
+        except subprocess.TimeoutExpired:
+            pytest.fail("no exit within 360 s of Ctrl-C; output:\n" + "".join(lines)[-3000:])
     finally:
         process.kill()
         reader.join(timeout=30)
