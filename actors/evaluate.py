@@ -215,8 +215,14 @@ class EvalOptions(BaseModel):
 
 
 def resolve_checkpoint(path: str) -> tuple[Path, Path, RunDir | None]:
-    """(checkpoint dir, policy model dir, run dir holding it or None) for ``--checkpoint``."""
+    """(checkpoint dir, policy model dir, run dir holding it or None) for ``--checkpoint``.
+
+    A checkpoint's own ``policy/`` directory counts as that checkpoint, so the run's sampler settings
+    (token budgets) apply to it as they do to the checkpoint.
+    """
     folder = Path(path).expanduser()
+    if folder.name == POLICY_DIR and folder.parent.parent.name == "checkpoints":
+        folder = folder.parent
     if (folder / CONFIG_FILE).is_file() and (folder / "checkpoints").is_dir():
         latest = RunDir(folder).latest_checkpoint()
         if latest is None:

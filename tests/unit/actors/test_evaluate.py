@@ -181,8 +181,12 @@ def test_resolve_checkpoint_finds_policy_and_run_dir(tmp_path: Path):
     assert (folder, policy, run_dir.path) == (older, older / "policy", tmp_path / "run")
     # a run directory means its latest complete checkpoint
     assert resolve_checkpoint(str(tmp_path / "run"))[0] == newer
+    # a checkpoint's policy directory is that checkpoint, so its run's config applies
+    folder, policy, run_dir = resolve_checkpoint(str(older / "policy"))
+    assert (folder, policy, run_dir.path) == (older, older / "policy", tmp_path / "run")
     # a bare model directory is its own policy and belongs to no run
-    assert resolve_checkpoint(str(newer / "policy"))[1:] == (newer / "policy", None)
+    bare = model_dir("tiny-random")
+    assert resolve_checkpoint(str(bare)) == (bare, bare, None)
     with pytest.raises(EvalError, match="neither policy/config.json nor config.json"):
         resolve_checkpoint(str(tmp_path))
 
