@@ -58,20 +58,27 @@ class AsyncTrainer(Trainer):
     """
 
     def _launch(self, iteration: int) -> Launch:
-        schedule_states = [slot.schedule.state() for slot in self.slots]
+        schedule_states = self._schedule_states()
         horizons = self._start_horizons(iteration)
         return Launch(iteration, horizons, self._launch_rollout(iteration), schedule_states, time.perf_counter())
 
     def _checkpoint_rewound(self, iterations_done: int, inflight: deque[Launch]) -> Path:
-        current = [slot.schedule.state() for slot in self.slots]
+        current = self._schedule_states()
         if inflight:
-            for slot, state in zip(self.slots, inflight[0].schedule_states, strict=True):
-                slot.schedule.load_state(state)
+            self._load_schedule_states(inflight[0].schedule_states)
         try:
             return self._checkpoint(iterations_done)
         finally:
-            for slot, state in zip(self.slots, current, strict=True):
-                slot.schedule.load_state(state)
+            self._load_schedule_states(current)
+
+    def _schedule_states(self) -> list[dict]:
+        """Each env's task draw, in env order."""
+        return [slot.schedule.state() for slot in self.slots]
+
+    def _load_schedule_states(self, states: list[dict]) -> None:
+        """Put back what ``_schedule_states`` returned."""
+        for slot, state in zip(self.slots, states, strict=True):
+            slot.schedule.load_state(state)
 
     def run(self) -> dict:
         """Train to ``trainer.iterations`` with rollout ahead of training; returns the last metrics."""

@@ -163,6 +163,10 @@ class Trainer:
         is env i's). A pool rebuilds it with the survivors when a sampler is lost."""
         return self.slots[0].pool.curriculum
 
+    def _pool_error(self, slot: EnvSlot, error: PoolError) -> TrainError:
+        """The run-ending error for a pool failure, naming the env when the run mixes several."""
+        return TrainError(f"{slot.name}: {error}" if self.mixed else str(error))
+
     def _new_slot(self, index: int, entry: MixEntry, per_iteration: int) -> EnvSlot:
         """Env ``index`` of the run: its task draw and its (not yet started) sampler pool."""
         cfg = self.config
@@ -192,7 +196,7 @@ class Trainer:
             try:
                 slot.pool.start()
             except PoolError as exc:
-                raise TrainError(f"{slot.name}: {exc}" if self.mixed else str(exc)) from exc
+                raise self._pool_error(slot, exc) from exc
         # Where a learner restart goes back to while no checkpoint exists.
         self.initial_state = self._env_states()
         described = ray.get(self.learner.describe.remote())
@@ -391,7 +395,7 @@ class Trainer:
             try:
                 slot.pool.refresh(iteration)
             except PoolError as exc:
-                raise TrainError(f"{slot.name}: {exc}" if self.mixed else str(exc)) from exc
+                raise self._pool_error(slot, exc) from exc
         group_size = self.config.algorithm.group_size
         pending = {}
         group = 0
@@ -444,7 +448,7 @@ class Trainer:
                 try:
                     retry = pool.resubmit(call, iteration, exc)
                 except PoolError as error:
-                    raise TrainError(f"{self.slots[index].name}: {error}" if self.mixed else str(error)) from error
+                    raise self._pool_error(self.slots[index], error) from error
                 calls[retry] = calls[call]
                 waiting.append(retry)
                 continue
