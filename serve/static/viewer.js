@@ -40,15 +40,27 @@ async function loadRun() {
   document.title = `${run.name} · agentgym-rl viewer`;
 }
 
+// A multi-env run's metrics line has env/<name>/<key> for each env: [[name, value], ...] of one key.
+function perEnv(m, key) {
+  const suffix = `/${key}`;
+  return Object.keys(m)
+    .filter((k) => k.startsWith("env/") && k.endsWith(suffix))
+    .map((k) => [k.slice("env/".length, -suffix.length), m[k]]);
+}
+
 function renderIterations(rows) {
   const body = document.querySelector("#iterations tbody");
   body.replaceChildren();
   for (const row of rows) {
     const m = row.metrics || {};
+    const horizons = perEnv(m, "horizon");
+    const successes = perEnv(m, "success_rate");
+    const success = el("td", { text: fmt(m.success_rate, 2) });
+    if (successes.length) success.title = successes.map(([name, s]) => `${name} ${fmt(s, 2)}`).join(" · ");
     const tr = el("tr", { "data-iteration": row.iteration },
       el("td", { text: row.iteration }),
-      el("td", { text: m.horizon ?? "–" }),
-      el("td", { text: fmt(m.success_rate, 2) }),
+      el("td", { text: horizons.length ? horizons.map(([name, h]) => `${name} ${h}`).join(" · ") : (m.horizon ?? "–") }),
+      success,
       el("td", { text: fmt(m.mean_reward) }),
       el("td", { text: `${row.successes}/${row.episodes}` }));
     if (row.iteration === state.iteration) tr.classList.add("selected");

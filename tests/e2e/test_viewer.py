@@ -330,4 +330,14 @@ def test_page_replays_an_episode_and_follows_the_run(run_dir: Path, viewer: str,
         # A new iteration file appears as a live run would write it; the page's poll picks it up.
         shutil.copy(run_dir / "trajectories" / "iter_000001.jsonl", run_dir / "trajectories" / "iter_000002.jsonl")
         sync_api.expect(page.locator("#iterations tbody tr")).to_have_count(3, timeout=30_000)
+
+        # A multi-env run's line: the row shows each env's horizon, and each env's success rate on hover.
+        mixed = {"iteration": 2, "success_rate": 0.5, "horizon": 8, "env/babyai/success_rate": 0.75}
+        mixed |= {"env/babyai/horizon": 3, "env/textcraft/success_rate": 0.25, "env/textcraft/horizon": 8}
+        with (run_dir / "metrics.jsonl").open("a") as metrics:
+            metrics.write(json.dumps(mixed) + "\n")
+        row = page.locator("#iterations tbody tr[data-iteration='2'] td")
+        sync_api.expect(row.nth(1)).to_have_text("babyai 3 · textcraft 8", timeout=30_000)
+        assert row.nth(2).text_content() == "0.50"
+        assert row.nth(2).get_attribute("title") == "babyai 0.75 · textcraft 0.25"
         browser.close()
