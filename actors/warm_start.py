@@ -2,10 +2,10 @@
 
 A small model rarely writes a well-formed action before any training, so RL on it sees no reward.
 ``warm_start.iterations > 0`` first runs an ordinary run of its own in ``<run>/warm_start``: the
-samplers play the env's oracle (``sampler.policy: oracle``), the learner fits it with the ``sft``
-algorithm, at a fixed horizon. The RL phase then starts from that run's final policy, which is also
-its reference policy for the KL term. A resumed run reuses a finished warm start and resumes an
-unfinished one from its latest checkpoint.
+samplers play the env's oracle (``sampler.policy: oracle``; each env's, in a multi-env run), the
+learner fits it with the ``sft`` algorithm, at a fixed horizon. The RL phase then starts from that
+run's final policy, which is also its reference policy for the KL term. A resumed run reuses a
+finished warm start and resumes an unfinished one from its latest checkpoint.
 """
 
 from __future__ import annotations
@@ -25,14 +25,27 @@ WARM_START_DIR = "warm_start"
 
 
 def warm_start_config(config: Config) -> Config:
-    """The config of the warm-start phase of ``config``: oracle demonstrations, SFT, fixed horizon."""
+    """The config of the warm-start phase of ``config``: oracle demonstrations, SFT, fixed horizon. A
+    multi-env run's phase plays every env of its mix, each at the largest horizon of its own schedule."""
     warm = config.warm_start
     derived = config.model_copy(deep=True)
     derived.run.name = f"{config.run.name}-{WARM_START_DIR}"
     derived.env.options = {**config.env.options, **warm.env_options}
+    derived.envs = [
+        entry.model_copy(
+            update={
+                "options": {**entry.options, **entry.warm_start_options},
+                "curriculum": CurriculumConfig(
+                    schedule="fixed", horizon=warm.horizon or largest_horizon(entry.curriculum or config.curriculum)
+                ),
+            }
+        )
+        for entry in config.envs
+    ]
     derived.sampler.policy = "oracle"
     derived.algorithm = AlgorithmConfig(name="sft", group_size=1)
-    derived.curriculum = CurriculumConfig(schedule="fixed", horizon=warm.horizon or largest_horizon(config))
+    horizons = [entry.curriculum.horizon for entry in derived.envs] or [largest_horizon(config.curriculum)]
+    derived.curriculum = CurriculumConfig(schedule="fixed", horizon=warm.horizon or max(horizons))
     derived.learner.lr = warm.lr
     derived.learner.epochs = warm.epochs
     derived.learner.minibatches = warm.minibatches
@@ -49,8 +62,7 @@ def warm_start_config(config: Config) -> Config:
     return derived
 
 
-def largest_horizon(config: Config) -> int:
-    curriculum = config.curriculum
+def largest_horizon(curriculum: CurriculumConfig) -> int:
     return curriculum.horizon if curriculum.schedule == "fixed" else max(curriculum.horizons)
 
 

@@ -290,6 +290,11 @@ class MixEntry(Section):
     curriculum: CurriculumConfig | None = Field(
         None, description="This env's horizon schedule (its own CurriculumActor); None: the run's `curriculum`."
     )
+    warm_start_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Env options merged over `options` for this env's warm-start demonstrations (e.g. BabyAI's "
+        "`oracle: true`); the mix's counterpart of `warm_start.env_options`.",
+    )
 
 
 class TrainerConfig(Section):
@@ -511,10 +516,16 @@ class Config(Section):
             raise ValueError(
                 f"envs (multi-env training) supports trainer.mode {' or '.join(MIX_MODES)}, got {self.trainer.mode!r}"
             )
-        if self.warm_start.iterations:
+        if self.warm_start.iterations and self.warm_start.env_options:
             raise ValueError(
-                "warm_start demonstrations come from one env, so it cannot run before multi-env training (envs); "
-                "set warm_start.iterations=0"
+                "warm_start.env_options are options of `env`, which a multi-env run (envs) does not play; give each "
+                "entry its own envs[i].warm_start_options (e.g. {oracle: true} for babyai) and set "
+                "warm_start.env_options={}"
+            )
+        if self.warm_start.iterations and self.warm_start.tasks_per_iteration < len(self.envs):
+            raise ValueError(
+                f"warm_start.tasks_per_iteration={self.warm_start.tasks_per_iteration} is below the {len(self.envs)} "
+                f"envs of envs (each env plays at least one task per iteration); raise it to {len(self.envs)} or more"
             )
         if self.trainer.tasks_per_iteration < len(self.envs):
             raise ValueError(

@@ -9,6 +9,7 @@ import pytest
 from actors.async_trainer import AsyncTrainer
 from actors.mix import schedule_seed
 from actors.trainer import TaskSchedule, Trainer, prepare_run
+from actors.warm_start import WARM_START_DIR, run_warm_start
 from envs import make
 
 BABYAI_OPTIONS = {"levels": ["GoToRedBall", "GoToRedBallNoDists"], "test_seeds": 5}
@@ -137,3 +138,25 @@ def test_an_async_mix_records_each_env_at_its_own_horizon(ray_local, tmp_path: P
             assert episode["horizon"] == horizons[0 if episode["env"] == "babyai" else 1]
     state = json.loads((run_dir.path / "checkpoints" / "iter_000003" / "trainer.json").read_text())
     assert sorted(state["envs"]) == ["babyai", "textcraft"]
+
+
+@pytest.mark.slow
+def test_a_mix_warm_starts_on_the_oracle_of_each_env(ray_local, tmp_path: Path):
+    mix = MIX.replace("test_seeds: 5}", "test_seeds: 5}, warm_start_options: {oracle: true}")
+    warm = ["warm_start.iterations=1", "warm_start.env_options={}", "warm_start.tasks_per_iteration=3"]
+    overrides = [*SETTINGS, mix, *warm, "warm_start.horizon=12", f"run.dir={tmp_path}", "run.name=warm"]
+    config, run_dir = prepare_run(None, overrides, None)
+    policy = run_warm_start(config, run_dir)
+    assert (policy / "config.json").is_file()
+
+    warm_dir = run_dir.path / WARM_START_DIR
+    (record,) = [json.loads(line) for line in (warm_dir / "metrics.jsonl").read_text().splitlines()]
+    played = episodes(warm_dir, 0)
+    assert sorted(e["env"] for e in played) == ["babyai", "babyai", "textcraft"]  # 3 tasks 2 : 1, one episode each
+    # each env's oracle solves its tasks within the warm start's horizon, and SFT trains on them
+    assert all(e["success"] and e["horizon"] == 12 and len(e["turn_spans"]) <= 12 for e in played), played
+    assert record["env/babyai/success_rate"] == record["env/textcraft/success_rate"] == 1.0
+    assert record["env/babyai/horizon"] == record["env/textcraft/horizon"] == 12
+    assert record["learner/loss"] > 0
+    # the RL config keeps the schedules and options of its own entries
+    assert config.envs[0].curriculum.horizons == [1, 2] and "oracle" not in config.envs[0].options

@@ -4,6 +4,7 @@ import pytest
 
 from actors.mix import apportion, check_envs, env_metrics, env_run_config, mix_entries, schedule_seed
 from actors.trainer import TaskSchedule
+from actors.warm_start import warm_start_config
 from configs import ConfigError, dump_config, load_config
 
 MIX = [
@@ -80,7 +81,8 @@ def test_each_env_gets_its_own_env_section_curriculum_and_seed():
         (["envs=[{name: babyai, weight: 0}]"], "envs.0.weight"),
         (["envs=[{name: babyai, speed: 2}]"], "envs.0.speed: unknown key"),
         (["trainer.mode=offline", "data.files=[x.jsonl]"], "supports trainer.mode sync or async.*'offline'"),
-        (["warm_start.iterations=2"], "set warm_start.iterations=0"),
+        (["warm_start.iterations=2", "warm_start.env_options={oracle: true}"], r"envs\[i\]\.warm_start_options"),
+        (["warm_start.iterations=2", "warm_start.env_options={}", "warm_start.tasks_per_iteration=1"], "below the 2"),
         (["trainer.tasks_per_iteration=1"], "tasks_per_iteration=1 is below the 2 envs"),
     ],
 )
@@ -119,6 +121,9 @@ def test_the_mix_preset_shares_tasks_two_to_one_with_its_own_horizons():
     babyai, textcraft = (env_run_config(config, e).curriculum for e in config.envs)
     assert (babyai.schedule, babyai.horizons) == ("stepwise", [3, 6, 10])
     assert (textcraft.schedule, textcraft.horizon) == ("fixed", 8)
+    warm = warm_start_config(config)
+    assert [(e.options.get("oracle"), e.curriculum.horizon) for e in warm.envs] == [(True, 10), (None, 8)]
+    assert apportion(warm.trainer.tasks_per_iteration, [e.weight for e in warm.envs]) == [6, 3]
 
 
 def test_a_mix_survives_the_run_directory_config_round_trip(tmp_path):

@@ -33,3 +33,23 @@ def test_explicit_horizon_and_env_options_win():
 def test_warm_start_is_refused_where_there_are_no_rl_iterations():
     with pytest.raises(ConfigError, match="warm_start"):
         load_config(None, ["warm_start.iterations=2", "trainer.mode=agentevol", "algorithm.name=sft"])
+
+
+def test_a_mix_warm_starts_on_every_env_at_its_own_largest_horizon_with_its_own_options():
+    mix = (
+        "envs=[{name: babyai, options: {test_seeds: 5}, warm_start_options: {oracle: true},"
+        " curriculum: {schedule: stepwise, horizons: [2, 4], advance_every: 1}},"
+        " {name: textcraft, weight: 2}]"
+    )
+    overrides = [mix, "warm_start.iterations=1", "warm_start.env_options={}", "curriculum.schedule=fixed"]
+    config = load_config(None, [*overrides, "curriculum.horizon=7"])
+    derived = warm_start_config(config)
+    babyai, textcraft = derived.envs
+    assert babyai.options == {"test_seeds": 5, "oracle": True} and textcraft.options == {}
+    assert (babyai.curriculum.schedule, babyai.curriculum.horizon) == ("fixed", 4)
+    assert (textcraft.curriculum.schedule, textcraft.curriculum.horizon) == ("fixed", 7)  # the run's schedule
+    assert textcraft.weight == 2 and derived.sampler.policy == "oracle"
+    # the RL phase keeps its own schedules and plays the env options without the warm start's
+    assert config.envs[0].curriculum.schedule == "stepwise" and "oracle" not in config.envs[0].options
+    explicit = warm_start_config(load_config(None, [*overrides, "warm_start.horizon=3"]))
+    assert [entry.curriculum.horizon for entry in explicit.envs] == [3, 3]
