@@ -91,6 +91,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             temperature=args.temperature,
             seed=args.seed,
             output=args.output,
+            config=args.config,
             overrides=args.set,
         )
         configure_logging("info")
@@ -190,6 +191,12 @@ def build_parser() -> argparse.ArgumentParser:
     p_eval.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
     p_eval.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p_eval.add_argument("--output", metavar="FILE", help="JSON report path (default: <run>/eval/<name>.json)")
+    p_eval.add_argument(
+        "--config",
+        metavar="FILE",
+        help="config whose sampler and env settings --model or a bare model dir plays with (default: the defaults; "
+        "a run's checkpoint always uses its run's config)",
+    )
     p_eval.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key of the samplers"
     )

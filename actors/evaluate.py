@@ -211,6 +211,9 @@ class EvalOptions(BaseModel):
     temperature: float = Field(DEFAULT_TEMPERATURE, gt=0.0, description="Sampling temperature.")
     seed: int = Field(0, description="Seed of every episode's sampling stream.")
     output: str | None = Field(None, description="JSON report path; None: <run>/eval/<name>.json or ./eval/.")
+    config: str | None = Field(
+        None, description="Config file whose sampler and env settings a `--model` or bare model dir plays with."
+    )
     overrides: list[str] = Field(default_factory=list, description="`--set key=value` config overrides.")
 
 
@@ -243,8 +246,21 @@ def resolve_checkpoint(path: str) -> tuple[Path, Path, RunDir | None]:
 
 
 def build_config(options: EvalOptions, policy: str, run_dir: RunDir | None) -> Config:
-    """The run's config (or the defaults) with the policy, env, split, temperature, seed and overrides."""
-    base = load_config(run_dir.path / CONFIG_FILE) if run_dir is not None else Config()
+    """The run's config (else ``--config``, else the defaults) with the policy, env, split, temperature, seed
+    and overrides.
+
+    Raises:
+        EvalError: ``--config`` with a checkpoint of a run, which plays with its run's config.
+    """
+    if run_dir is not None and options.config is not None:
+        raise EvalError(
+            f"--config {options.config}: a checkpoint of a run plays with its run's config "
+            f"({run_dir.path / CONFIG_FILE}); --config is for --model or a bare model directory, --set changes a key"
+        )
+    if run_dir is not None:
+        base = load_config(run_dir.path / CONFIG_FILE)
+    else:
+        base = load_config(options.config) if options.config is not None else Config()
     data = base.model_dump(mode="json")
     same_env = data["env"]["name"] == options.env
     data["model"]["name"] = policy

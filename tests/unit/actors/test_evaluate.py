@@ -24,7 +24,7 @@ from actors.evaluate import (
 from actors.models import model_dir
 from actors.rundir import RunDir
 from actors.trajectory import Trajectory
-from configs import Config, ConfigError
+from configs import Config, ConfigError, load_config
 from envs import make
 from envs.textcraft import goals
 
@@ -203,3 +203,17 @@ def test_build_config_keeps_the_runs_env_options_and_applies_overrides(tmp_path:
     assert build_config(EvalOptions(env="textcraft"), str(policy), run_dir).env.options == {}
     with pytest.raises(ConfigError, match="sampler.sampling.max_tokens: unknown key"):
         build_config(EvalOptions(env="babyai", overrides=["sampler.sampling.max_tokens=3"]), str(policy), None)
+
+
+def test_a_model_plays_with_the_budgets_of_a_given_config_and_a_run_refuses_one(tmp_path: Path):
+    preset = Path(__file__).resolve().parents[3] / "configs" / "quickstart.yaml"
+    quickstart = load_config(preset)
+    config = build_config(EvalOptions(env="babyai", config=str(preset)), "smollm2-135m-instruct", None)
+    assert config.sampler.sampling.max_new_tokens == quickstart.sampler.sampling.max_new_tokens
+    assert config.sampler.max_context_tokens == quickstart.sampler.max_context_tokens
+    assert config.env.options == quickstart.env.options and config.model.name == "smollm2-135m-instruct"
+    defaults = build_config(EvalOptions(env="babyai"), "smollm2-135m-instruct", None)
+    assert defaults.sampler.max_context_tokens != config.sampler.max_context_tokens  # what --config is for
+    _, policy, run_dir = resolve_checkpoint(str(make_checkpoint(tmp_path / "run", 2)))
+    with pytest.raises(EvalError, match="plays with its run's config"):
+        build_config(EvalOptions(env="babyai", config=str(preset)), str(policy), run_dir)
