@@ -60,11 +60,16 @@ class LearnerLost(TrainError):
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
+def ray_address(config: Config) -> str | None:
+    """The cluster a command joins (``ray.address``, else ``$RAY_ADDRESS``); None: it starts a local instance."""
+    return config.ray.address or os.environ.get("RAY_ADDRESS")
+
+
 def init_ray(config: Config) -> None:
     """Connect to ``ray.address`` or start a local instance that listens on 127.0.0.1 only."""
     if ray.is_initialized():
         return
-    address = config.ray.address or os.environ.get("RAY_ADDRESS")
+    address = ray_address(config)
     if address:
         ray.init(address=address, log_to_driver=True)
         return

@@ -8,7 +8,7 @@ import time
 
 import ray
 
-from actors.trainer import init_ray
+from actors.trainer import init_ray, ray_address
 from configs import Config
 from configs.schema import ServeConfig
 from serve.app import ServeArgs, ServeError, start_server, stop_server
@@ -25,7 +25,8 @@ def run_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"agentgym-rl: error: {exc}", file=sys.stderr)
         return 2
-    init_ray(Config())
+    config = Config()
+    init_ray(config)
     try:
         start_server(serve_args)
         print(f"serving {serve_args.served_id} on http://{args.host}:{args.port}/v1 (Ctrl-C to stop)", flush=True)
@@ -35,5 +36,8 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"agentgym-rl: error: {exc}", file=sys.stderr)
         return 2
     finally:
-        stop_server(serve_args.app_name)
+        # A cluster outlives this command, so the app and Serve come off it; a local instance ends with all
+        # of its actors, Serve's included, and skipping Serve's graceful drain makes Ctrl-C quick under load.
+        if ray_address(config):
+            stop_server(serve_args.app_name)
         ray.shutdown()
