@@ -262,9 +262,11 @@ def build_config(options: EvalOptions, policy: str, run_dir: RunDir | None) -> C
     else:
         base = load_config(options.config) if options.config is not None else Config()
     data = base.model_dump(mode="json")
-    same_env = data["env"]["name"] == options.env
+    # The env's options as the run trained it: its `envs` entry in a multi-env run, else `env` if it is that env.
+    trained = [entry for entry in data.pop("envs") if entry["name"] == options.env] or [data["env"]]
+    env_options = trained[0]["options"] if trained[0]["name"] == options.env else {}
     data["model"]["name"] = policy
-    data["env"] = {"name": options.env, "split": options.split, "options": data["env"]["options"] if same_env else {}}
+    data["env"] = {"name": options.env, "split": options.split, "options": env_options}
     data["sampler"]["policy"] = "model"
     data["sampler"]["sampling"]["temperature"] = options.temperature
     data["run"]["seed"] = options.seed

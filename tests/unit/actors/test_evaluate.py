@@ -24,7 +24,7 @@ from actors.evaluate import (
 from actors.models import model_dir
 from actors.rundir import RunDir
 from actors.trajectory import Trajectory
-from configs import Config, ConfigError, load_config
+from configs import Config, ConfigError, dump_config, load_config
 from envs import make
 from envs.textcraft import goals
 
@@ -217,3 +217,21 @@ def test_a_model_plays_with_the_budgets_of_a_given_config_and_a_run_refuses_one(
     _, policy, run_dir = resolve_checkpoint(str(make_checkpoint(tmp_path / "run", 2)))
     with pytest.raises(EvalError, match="plays with its run's config"):
         build_config(EvalOptions(env="babyai", config=str(preset)), str(policy), run_dir)
+
+
+def test_a_mixed_runs_checkpoint_plays_each_env_with_its_entrys_options(tmp_path: Path):
+    checkpoint = make_checkpoint(tmp_path / "run", 2)
+    mix = {
+        "warm_start": {"iterations": 0},
+        "trainer": {"tasks_per_iteration": 2},
+        "envs": [
+            {"name": "babyai", "options": {"levels": ["GoToObjS6"]}},
+            {"name": "textcraft", "options": {"distractors": 2}},
+        ],
+    }
+    (tmp_path / "run" / "config.yaml").write_text(dump_config(Config.model_validate(mix)))
+    _, policy, run_dir = resolve_checkpoint(str(checkpoint))
+    assert build_config(EvalOptions(env="babyai"), str(policy), run_dir).env.options == {"levels": ["GoToObjS6"]}
+    textcraft = build_config(EvalOptions(env="textcraft"), str(policy), run_dir)
+    assert textcraft.env.options == {"distractors": 2} and textcraft.envs == []
+    assert build_config(EvalOptions(env="sciworld"), str(policy), run_dir).env.options == {}
