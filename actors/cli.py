@@ -79,28 +79,38 @@ def cmd_eval(args: argparse.Namespace) -> int:
     # Imported here: only eval needs the evaluation module and its scipy import.
     from actors.evaluate import EvalError, EvalOptions, format_table, run_eval
 
-    try:
-        options = EvalOptions(
-            checkpoint=args.checkpoint,
-            model=args.model,
-            env=args.env,
-            split=args.split,
-            episodes=args.episodes,
-            max_turns=args.max_turns,
-            samples=args.samples,
-            temperature=args.temperature,
-            seed=args.seed,
-            output=args.output,
-            config=args.config,
-            overrides=args.set,
+    envs = list(dict.fromkeys(args.env))
+    if len(envs) > 1 and args.output is not None:
+        print(
+            f"agentgym-rl: error: --output names one report, but {len(envs)} envs are evaluated; leave it out and "
+            "each env's report goes to its default path (<run>/eval/<env>-<split>-<iter>.json or ./eval/)",
+            file=sys.stderr,
         )
-        configure_logging("info")
-        report, path = run_eval(options)
-    except (EvalError, pydantic.ValidationError) as exc:
-        print(f"agentgym-rl: error: {exc}", file=sys.stderr)
         return 2
-    print(format_table(report))
-    print(f"report: {path}")
+    configure_logging("info")
+    for env in envs:
+        try:
+            options = EvalOptions(
+                checkpoint=args.checkpoint,
+                model=args.model,
+                env=env,
+                split=args.split,
+                episodes=args.episodes,
+                max_turns=args.max_turns,
+                samples=args.samples,
+                temperature=args.temperature,
+                seed=args.seed,
+                output=args.output,
+                config=args.config,
+                overrides=args.set,
+            )
+            report, path = run_eval(options)
+        except (EvalError, pydantic.ValidationError) as exc:
+            print(f"agentgym-rl: error: {exc}", file=sys.stderr)
+            return 2
+        print(f"{env} ({options.split}, {options.samples} episode(s) per task, at most {report['max_turns']} turns)")
+        print(format_table(report))
+        print(f"report: {path}")
     return 0
 
 
@@ -183,7 +193,12 @@ def build_parser() -> argparse.ArgumentParser:
     policy = p_eval.add_mutually_exclusive_group(required=True)
     policy.add_argument("--checkpoint", metavar="DIR", help="a run's checkpoints/iter_N dir, a run dir or a model dir")
     policy.add_argument("--model", metavar="NAME", help="built-in model name or local Hugging Face directory")
-    p_eval.add_argument("--env", required=True, help="registered env name (see `agentgym-rl envs`)")
+    p_eval.add_argument(
+        "--env",
+        required=True,
+        action="append",
+        help="registered env name (see `agentgym-rl envs`); repeat it to evaluate several envs, one report each",
+    )
     p_eval.add_argument("--split", default="test", help="split to evaluate on (default test)")
     p_eval.add_argument("--episodes", type=int, default=None, help="tasks to play, evenly spaced (default: all)")
     p_eval.add_argument("--max-turns", type=int, default=None, help="turn limit (default: the paper's for the env)")

@@ -72,6 +72,37 @@ def test_eval_checkpoint_inside_a_run_writes_into_the_runs_eval_folder(tmp_path:
     assert report["policy"] == str(checkpoint / "policy")
 
 
+@pytest.mark.slow
+def test_eval_of_a_mixed_runs_checkpoint_reports_each_env_with_its_entrys_options(tmp_path: Path):
+    run = RunDir(tmp_path / "runs" / "mix")
+    babyai = {"name": "babyai", "options": {"levels": ["GoToRedBall"], "test_seeds": 1}}
+    textcraft = {"name": "textcraft", "options": {"test_size": 3}}
+    mix = {"warm_start": {"iterations": 0}, "trainer": {"tasks_per_iteration": 2}, "envs": [babyai, textcraft]}
+    run.create(Config.model_validate(mix))
+    checkpoint = run.checkpoint_dir(1)
+    shutil.copytree(model_dir("tiny-random"), checkpoint / "policy")
+    (checkpoint / "trainer.json").write_text("{}")
+
+    done = run_cli(
+        "eval", "--checkpoint", str(run.path), "--env", "babyai", "--env", "textcraft", "--max-turns", "1",
+        *FAST, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    # each env plays the whole test split its entry defines: 1 BabyAI level x 1 seed, 3 TextCraft goals
+    reports = {
+        env: json.loads((run.path / "eval" / f"{env}-test-iter_000001.json").read_text())
+        for env in ("babyai", "textcraft")
+    }
+    assert [r["category"] for r in reports["babyai"]["results"]] == ["GoToRedBall"]
+    assert len(reports["textcraft"]["results"]) == 3 and reports["textcraft"]["overall"]["tasks"] == 3
+    assert done.stdout.count("report: ") == 2 and done.stdout.index("babyai (test") < done.stdout.index("textcraft")
+
+    done = run_cli(
+        "eval", "--model", "tiny-random", "--env", "babyai", "--env", "textcraft", "--output", "x.json", cwd=tmp_path
+    )
+    assert done.returncode == 2 and "--output names one report" in done.stderr
+
+
 @pytest.mark.slow  # two CLI start-ups: 25-40 s on a loaded two-core machine
 def test_eval_rejects_an_env_without_a_turn_limit_and_a_missing_checkpoint(tmp_path: Path):
     done = run_cli("eval", "--checkpoint", str(tmp_path / "nowhere"), "--env", "babyai", cwd=tmp_path)
