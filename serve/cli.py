@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import os
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import ray
 
@@ -12,6 +17,31 @@ from actors.trainer import init_ray, ray_address
 from configs import Config
 from configs.schema import ServeConfig
 from serve.app import ServeArgs, ServeError, start_server, stop_server
+
+# Ray's shutdown takes seconds; once, on a loaded 2-core machine, it did not return at all after Ctrl-C.
+SHUTDOWN_GRACE_S = 60.0
+
+
+@contextmanager
+def deadline(seconds: float, what: str, exit_code: int) -> Iterator[None]:
+    """Run the block; if it is still running after ``seconds``, say so on stderr with the stack of every
+    thread and end the process with ``exit_code`` (the processes of a local Ray instance end with it)."""
+
+    def give_up() -> None:
+        print(
+            f"agentgym-rl: {what} did not finish within {seconds:g} s; exiting. Threads:", file=sys.stderr, flush=True
+        )
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        sys.stderr.flush()
+        os._exit(exit_code)
+
+    timer = threading.Timer(seconds, give_up)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -38,6 +68,7 @@ def run_serve(args: argparse.Namespace) -> int:
     finally:
         # A cluster outlives this command, so the app and Serve come off it; a local instance ends with all
         # of its actors, Serve's included, and skipping Serve's graceful drain makes Ctrl-C quick under load.
-        if ray_address(config):
-            stop_server(serve_args.app_name)
-        ray.shutdown()
+        with deadline(SHUTDOWN_GRACE_S, "the shutdown of Serve and Ray", exit_code=130):
+            if ray_address(config):
+                stop_server(serve_args.app_name)
+            ray.shutdown()
