@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import os
+import signal
 import sys
 import threading
 import time
@@ -44,6 +45,17 @@ def deadline(seconds: float, what: str, exit_code: int) -> Iterator[None]:
         timer.cancel()
 
 
+def stop_on_signals() -> None:
+    """Make Ctrl-C (SIGINT) and SIGTERM stop the command (as KeyboardInterrupt), also where SIGINT arrives
+    ignored: a non-interactive shell starts background jobs so, and Python then keeps it ignored."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, stop)
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """Serve ``args.checkpoint`` or ``args.model`` on ``args.host:args.port``; blocks until interrupted.
 
@@ -55,8 +67,9 @@ def run_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"agentgym-rl: error: {exc}", file=sys.stderr)
         return 2
-    config = Config()
-    init_ray(config)
+    ray_config = Config()
+    init_ray(ray_config)
+    stop_on_signals()
     try:
         start_server(serve_args)
         print(f"serving {serve_args.served_id} on http://{args.host}:{args.port}/v1 (Ctrl-C to stop)", flush=True)
@@ -69,6 +82,6 @@ def run_serve(args: argparse.Namespace) -> int:
         # A cluster outlives this command, so the app and Serve come off it; a local instance ends with all
         # of its actors, Serve's included, and skipping Serve's graceful drain makes Ctrl-C quick under load.
         with deadline(SHUTDOWN_GRACE_S, "the shutdown of Serve and Ray", exit_code=130):
-            if ray_address(config):
+            if ray_address(ray_config):
                 stop_server(serve_args.app_name)
             ray.shutdown()

@@ -20,11 +20,19 @@ CLI = Path(sys.executable).parent / "agentgym-rl"
 ITERATIONS = 3
 
 
-def start_cli(*args: str, cwd: Path) -> subprocess.Popen:
+def start_cli(*args: str, cwd: Path, sigint_ignored: bool = False) -> subprocess.Popen:
+    """The CLI as a child process; ``sigint_ignored`` starts it as a non-interactive shell starts a background
+    job, with SIGINT ignored."""
     command = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "actors.cli"]
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "AGENTGYM_RL_API_KEY")}
     return subprocess.Popen(
-        [*command, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [*command, *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None,
     )
 
 
@@ -109,10 +117,12 @@ def test_training_run_serves_each_new_version(tmp_path: Path):
 
 
 @pytest.mark.slow
-def test_serve_command_until_ctrl_c(tmp_path: Path):
+@pytest.mark.parametrize("sigint_ignored", [False, True], ids=["foreground", "background-job"])
+def test_serve_command_until_ctrl_c(tmp_path: Path, sigint_ignored: bool):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    process = start_cli("serve", "--model", "tiny-random", "--port", str(port), "--api-key", "k", cwd=tmp_path)
+    args = ("serve", "--model", "tiny-random", "--port", str(port), "--api-key", "k")
+    process = start_cli(*args, cwd=tmp_path, sigint_ignored=sigint_ignored)
     lines: list[str] = []
     serving = threading.Event()
 
