@@ -21,8 +21,8 @@ ITERATIONS = 3
 
 
 def start_cli(*args: str, cwd: Path, sigint_ignored: bool = False) -> subprocess.Popen:
-    """The CLI as a child process; ``sigint_ignored`` starts it as a non-interactive shell starts a background
-    job, with SIGINT ignored."""
+    """The CLI as a child process with SIGINT's default action, or with SIGINT ignored (``sigint_ignored``) as a
+    non-interactive shell starts a background job; either way whatever this process inherited is not passed on."""
     command = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "actors.cli"]
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "AGENTGYM_RL_API_KEY")}
     return subprocess.Popen(
@@ -32,7 +32,7 @@ def start_cli(*args: str, cwd: Path, sigint_ignored: bool = False) -> subprocess
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN if sigint_ignored else signal.SIG_DFL),
     )
 
 
