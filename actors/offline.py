@@ -37,6 +37,7 @@ def start_learners(config: Config, total_updates: int) -> list[ray.actor.ActorHa
             learner=cfg.learner,
             algorithm=cfg.algorithm,
             seed=cfg.run.seed,
+            sampler_dtype=cfg.sampler.dtype,
             total_updates=total_updates,
             rank=rank,
             world_size=cfg.learner.count,

@@ -75,7 +75,7 @@ class SamplerActor:
         self.engine = make_engine(
             sampler.engine,
             model_name=model.name,
-            dtype=model.dtype,
+            dtype=sampler.dtype,
             seed=seed + index,
             stop_token_ids=stop_ids,
             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,

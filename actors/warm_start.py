@@ -50,7 +50,7 @@ def warm_start_config(config: Config) -> Config:
     derived.learner.epochs = warm.epochs
     derived.learner.minibatches = warm.minibatches
     derived.learner.lr_schedule = "constant"
-    derived.learner.old_logprobs = "recompute"
+    derived.learner.old_logprobs = "auto"
     derived.trainer.mode = "sync"
     derived.trainer.iterations = warm.iterations
     derived.trainer.tasks_per_iteration = warm.tasks_per_iteration

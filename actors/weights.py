@@ -25,12 +25,16 @@ class WeightsPayload:
         return sum(a.nbytes for a in self.arrays.values())
 
 
-def pack_state_dict(state_dict: dict[str, torch.Tensor], version: int) -> WeightsPayload:
-    """Copy ``state_dict`` to CPU numpy arrays tagged with ``version``."""
+def pack_state_dict(state_dict: dict[str, torch.Tensor], version: int, dtype: str | None = None) -> WeightsPayload:
+    """Copy ``state_dict`` to CPU numpy arrays tagged with ``version``, floating tensors cast to ``dtype``
+    (``float32`` or ``bfloat16``; None keeps each tensor's own)."""
     arrays: dict[str, np.ndarray] = {}
     dtypes: dict[str, str] = {}
+    cast = getattr(torch, dtype) if dtype is not None else None
     for name, tensor in state_dict.items():
         tensor = tensor.detach().cpu()
+        if cast is not None and tensor.is_floating_point():
+            tensor = tensor.to(cast)
         dtypes[name] = str(tensor.dtype).removeprefix("torch.")
         if tensor.dtype == torch.bfloat16:
             tensor = tensor.view(torch.int16)

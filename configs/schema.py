@@ -30,7 +30,6 @@ class ModelConfig(Section):
         description="A built-in model (`smollm2-135m-instruct`, `tiny-random`) or a local Hugging Face "
         "model directory.",
     )
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Parameter dtype for sampler and learner.")
 
 
 class EnvConfig(Section):
@@ -65,6 +64,11 @@ class SamplerConfig(Section):
         "transformers",
         description="Generation engine: `transformers` (CPU or one GPU) or `vllm` (needs a CUDA GPU and "
         "`pip install agentgym-rl[vllm]`; checked when the sampler starts).",
+    )
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="Dtype the sampler's engine (and a serving replica) computes in. `auto`: bfloat16 on a GPU that "
+        "supports it or a CPU with AMX, else float32 (AVX512-BF16 alone measured slower than float32).",
     )
     kv_cache_tokens: int = Field(
         32768,
@@ -204,6 +208,12 @@ class LearnerConfig(Section):
     packing: bool = Field(False, description="Pack several trajectories into one row (same loss, less padding).")
     pack_tokens: int = Field(0, ge=0, description="Tokens per packed row; 0 = the longest trajectory of the batch.")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
+    precision: Literal["auto", "float32", "bf16-mixed"] = Field(
+        "auto",
+        description="`bf16-mixed`: forward and backward in bfloat16 while the optimizer updates float32 master "
+        "weights (updates far below bfloat16's resolution still accumulate; checkpoints and published weights "
+        "come from the master). `auto`: bf16-mixed where bfloat16 is fast (see sampler.dtype), else float32.",
+    )
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters.")
     num_cpus: float = Field(1.0, gt=0.0, description="CPUs reserved by each learner actor.")
     resources: dict[str, float] = Field(
@@ -211,11 +221,14 @@ class LearnerConfig(Section):
         description="Custom Ray resources each learner actor reserves, to place learners on chosen nodes "
         "(e.g. `{learner_node: 1}`).",
     )
-    old_logprobs: Literal["recompute", "sampler"] = Field(
-        "recompute",
-        description="Ratio denominators: `recompute` scores the batch with the learner's weights before the "
-        "update (on-policy, sync mode); `sampler` uses the sampler's log-probs (off-policy correction; "
-        "needs temperature 1; the default and the only choice in trainer.mode=async).",
+    old_logprobs: Literal["auto", "recompute", "sampler"] = Field(
+        "auto",
+        description="Ratio denominators: `recompute` scores the batch with the learner's weights in a pass of its "
+        "own before the update; `sampler` uses the sampler's log-probs (off-policy correction; needs temperature "
+        "1; the only choice in trainer.mode=async); `auto`: `sampler` in async mode, otherwise, when each batch "
+        "gets one optimizer step (epochs 1, minibatches 1) and the algorithm's advantages do not read them, the "
+        "training forward's own detached log-probs (equal to `recompute` without its extra forward), else "
+        "`recompute`.",
     )
     num_threads: int = Field(
         0,
@@ -297,6 +310,21 @@ class MixEntry(Section):
     )
 
 
+class DynamicSamplingConfig(Section):
+    """DAPO's dynamic sampling (Yu et al. 2025): refill the batch with tasks whose episodes differ."""
+
+    enabled: bool = Field(
+        False,
+        description="After an iteration's rollout, draw and play more tasks until `trainer.tasks_per_iteration` "
+        "groups are informative (the algorithm keeps them: for grpo and rloo, their episodes' rewards differ), "
+        "at most `max_extra_tasks` more per iteration. Needs trainer.mode=sync and an algorithm that skips "
+        "uninformative groups (grpo, rloo with skip_uniform_groups, dpo).",
+    )
+    max_extra_tasks: int = Field(
+        8, ge=1, description="Most extra tasks (each played group_size times) one iteration may draw."
+    )
+
+
 class TrainerConfig(Section):
     iterations: int = Field(100, ge=1, description="Training iterations (rollout + update each).")
     tasks_per_iteration: int = Field(
@@ -325,6 +353,18 @@ class TrainerConfig(Section):
     max_learner_restarts: int = Field(
         3, ge=0, description="`restart`: learner restarts allowed in one run before it ends with an error."
     )
+    dynamic_sampling: DynamicSamplingConfig = Field(
+        default_factory=DynamicSamplingConfig, description="Refill each batch with informative task groups."
+    )
+
+    @model_validator(mode="after")
+    def _dynamic_sampling_fits_mode(self) -> TrainerConfig:
+        if self.dynamic_sampling.enabled and self.mode != "sync":
+            raise ValueError(
+                f"trainer.dynamic_sampling.enabled needs trainer.mode=sync (got {self.mode!r}); "
+                "set trainer.dynamic_sampling.enabled=false"
+            )
+        return self
 
     @model_validator(mode="after")
     def _restart_fits_mode(self) -> TrainerConfig:

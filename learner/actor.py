@@ -11,9 +11,9 @@ import ray
 import structlog
 import torch
 
-from actors.models import load_model, load_tokenizer
+from actors.models import load_model, load_tokenizer, resolve_dtype
 from actors.trajectory import Trajectory
-from actors.weights import pack_state_dict
+from actors.weights import WeightsPayload, pack_state_dict
 from configs.schema import AlgorithmConfig, LearnerConfig, ModelConfig
 from learner.algorithms import build_algorithm
 from learner.algorithms.base import (
@@ -30,6 +30,7 @@ from learner.batching import collate, pack, plan_rows, select_rows, unpack_targe
 from learner.forward import ValueModel, masked_token_outputs
 from learner.lora import adapter_state_dict, apply_lora, is_lora, load_adapter_state_dict, merged_state_dict
 from learner.losses import masked_mean
+from learner.precision import BFloat16Compute, resolve_precision
 from learner.schedule import lr_multiplier
 
 log = structlog.get_logger()
@@ -46,6 +47,8 @@ class LearnerActor:
         learner: learner section.
         algorithm: algorithm section (name, group_size and the algorithm's hyperparameters).
         seed: the run seed (init of new heads, minibatch shuffling).
+        sampler_dtype: the samplers' ``sampler.dtype``; published weights travel in it (``auto`` is resolved
+            with this machine's hardware, as a sampler on the same kind of node resolves it).
         total_updates: optimizer steps the run will take (for the LR schedule); 0 if unknown.
         rank, world_size, master_addr, master_port: this learner's place in the DeepSpeed process
             group (``learner.backend: deepspeed``); ignored by the torch backend.
@@ -58,6 +61,7 @@ class LearnerActor:
         learner: LearnerConfig,
         algorithm: AlgorithmConfig,
         seed: int,
+        sampler_dtype: str = "auto",
         total_updates: int = 0,
         rank: int = 0,
         world_size: int = 1,
@@ -71,7 +75,11 @@ class LearnerActor:
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.algorithm = build_algorithm(algorithm.name, algorithm.model_extra or {})
         self.model_config = model
-        self.policy = load_model(model.name, model.dtype)
+        self.precision = resolve_precision(learner.precision)
+        compute_dtype = "bfloat16" if self.precision == "bf16-mixed" else "float32"
+        self.publish_dtype = resolve_dtype(sampler_dtype)
+        # The weights of record stay float32; under bf16-mixed a bfloat16 copy (or DeepSpeed's) computes.
+        self.policy = load_model(model.name, "float32")
         if learner.gradient_checkpointing:
             # transformers 5 renamed the switch; older releases only have the first name.
             enable = getattr(self.policy, "activation_checkpointing_enable", None)
@@ -84,11 +92,11 @@ class LearnerActor:
         self.policy.train()
         self.reference = None
         if self.algorithm.needs_reference:
-            self.reference = load_model(model.name, model.dtype).requires_grad_(False)
+            self.reference = load_model(model.name, compute_dtype).requires_grad_(False)
         self.critic = None
         groups = [{"params": [p for p in self.policy.parameters() if p.requires_grad], "lr": learner.lr}]
         if self.algorithm.needs_critic:
-            self.critic = ValueModel(load_model(model.name, model.dtype))
+            self.critic = ValueModel(load_model(model.name, "float32"))
             self.critic.train()
             critic_lr = getattr(self.algorithm.config, "critic_lr", None) or learner.lr
             groups.append({"params": list(self.critic.parameters()), "lr": critic_lr})
@@ -105,7 +113,9 @@ class LearnerActor:
         modules = torch.nn.ModuleDict({"policy": self.policy})
         if self.critic is not None:
             modules["critic"] = self.critic
+        self.mixed: BFloat16Compute | None = None
         if learner.backend == "deepspeed":
+            # DeepSpeed's own bf16 mode casts the modules in place and keeps float32 masters in its optimizer.
             self.backend = DeepSpeedBackend(
                 modules,
                 self.optimizer,
@@ -116,9 +126,19 @@ class LearnerActor:
                 world_size=world_size,
                 master_addr=master_addr,
                 master_port=master_port,
+                bf16=self.precision == "bf16-mixed",
             )
+            compute = modules
         else:
-            self.backend = TorchBackend(modules, self.optimizer, self.scheduler, grad_clip=learner.grad_clip)
+            if self.precision == "bf16-mixed":
+                self.mixed = BFloat16Compute(modules)
+            self.backend = TorchBackend(
+                modules, self.optimizer, self.scheduler, grad_clip=learner.grad_clip, compute=self.mixed
+            )
+            compute = self.mixed.module if self.mixed is not None else modules
+        # What forward and backward run on: the policy (and critic) itself, or its bfloat16 copy.
+        self.compute_policy = compute["policy"]
+        self.compute_critic = compute["critic"] if self.critic is not None else None
         self.shuffle = torch.Generator().manual_seed(seed)
         self.version = 0
         self.num_parameters = sum(p.numel() for p in self.policy.parameters())
@@ -130,6 +150,8 @@ class LearnerActor:
             "parameters": self.num_parameters,
             "trainable_parameters": self.num_trainable,
             "algorithm": type(self.algorithm).__name__,
+            "precision": self.precision,
+            "old_logprobs": self.old_logprobs_source,
             "reference_model": self.reference is not None,
             "critic": self.critic is not None,
         }
@@ -186,7 +208,7 @@ class LearnerActor:
         return call
 
     def _critic_call(self, input_ids, attention_mask, target_mask, position_ids):
-        return {VALUES: self.critic(input_ids, attention_mask, target_mask, position_ids)}
+        return {VALUES: self.compute_critic(input_ids, attention_mask, target_mask, position_ids)}
 
     @torch.no_grad()
     def _score(self, batch: dict[str, torch.Tensor], call, key: str) -> torch.Tensor:
@@ -206,22 +228,22 @@ class LearnerActor:
     def update_batch(self, trajectories: list[Trajectory]) -> dict[str, float]:
         """One iteration of optimisation (``epochs`` x ``minibatches`` steps); returns metrics."""
         started = time.perf_counter()
+        received = len(trajectories)
         trajectories = self.algorithm.select_trajectories(trajectories)
+        skipped = {"learner/tokens": 0.0, "learner/trajectories": 0.0, "learner/optimizer_steps": 0.0}
         if not trajectories:
-            log.warning("the algorithm selected no trajectories; skipping update")
-            return {"learner/tokens": 0.0, "learner/trajectories": 0.0}
+            # e.g. every group's episodes got the same reward: no signal, so no forward or backward at all
+            log.info("the algorithm selected no trajectories; no update", received=received)
+            return skipped
         batch = self.prepare(trajectories)
         metrics: dict[str, float] = {
             "learner/tokens": float(batch[LOSS_MASK].sum()),
             "learner/trajectories": float(len(trajectories)),
-            "learner/sampler_logprob_abs_diff": float(
-                masked_mean((batch[OLD_LOGPROBS] - batch["sampler_logprobs"]).abs(), batch[LOSS_MASK])
-            ),
             "learner/advantage_abs_mean": float(masked_mean(batch[ADVANTAGES].abs(), batch[LOSS_MASK])),
         }
         if metrics["learner/tokens"] == 0:
             log.warning("no sampled tokens in batch; skipping update", trajectories=len(trajectories))
-            return metrics
+            return {**skipped, **metrics}
 
         step_metrics: list[dict[str, float]] = []
         units = self._units(batch, torch.arange(len(trajectories)))
@@ -240,23 +262,38 @@ class LearnerActor:
         metrics["time/update_s"] = time.perf_counter() - started
         return metrics
 
+    @property
+    def old_logprobs_source(self) -> str:
+        """Where ratio denominators come from: ``sampler``, ``recompute`` (a scoring pass before the update)
+        or ``forward`` (the training forward's own values, detached; ``learner.old_logprobs: auto`` with one
+        optimizer step per batch, where they equal ``recompute``'s without its extra forward)."""
+        cfg = self.config
+        if not self.algorithm.uses_old_logprobs:
+            return "forward"  # nothing reads them but a metric: never worth a forward of their own
+        if cfg.old_logprobs != "auto":
+            return cfg.old_logprobs
+        one_step = cfg.epochs == 1 and cfg.minibatches == 1
+        return "forward" if one_step and not self.algorithm.advantages_read_old_logprobs else "recompute"
+
     def prepare(self, trajectories: list[Trajectory]) -> dict[str, torch.Tensor]:
-        """Collate ``trajectories`` and add old/reference log-probabilities, old values and advantages."""
+        """Collate ``trajectories`` and add old/reference log-probabilities, old values and advantages
+        (old log-probabilities wait for the training forward when ``old_logprobs_source`` is ``forward``)."""
         batch = collate(trajectories, self.pad_token_id)
-        self.policy.eval()
-        if self.config.old_logprobs == "sampler":
+        self.compute_policy.eval()
+        source = self.old_logprobs_source
+        if source == "sampler":
             # Async mode: the data may come from older weights than the learner's, so the ratio's
             # denominator is the sampling policy's own probability (off-policy correction by the clip).
             batch[OLD_LOGPROBS] = batch["sampler_logprobs"].clone()
-        else:
+        elif source == "recompute":
             # Scored by the learner's own weights before any step (the data was sampled by these
             # weights in sync mode); this keeps the ratio exact at any temperature.
-            batch[OLD_LOGPROBS] = self._score(batch, self._policy_call(self.policy, False), LOGPROBS)
+            batch[OLD_LOGPROBS] = self._score(batch, self._policy_call(self.compute_policy, False), LOGPROBS)
         if self.reference is not None:
             batch[REF_LOGPROBS] = self._score(batch, self._policy_call(self.reference, False), LOGPROBS)
         if self.critic is not None:
             batch[OLD_VALUES] = self._score(batch, self._critic_call, VALUES)
-        self.policy.train()
+        self.compute_policy.train()
         batch[ADVANTAGES] = self.algorithm.compute_advantages(batch)
         return batch
 
@@ -292,11 +329,19 @@ class LearnerActor:
                 if share > 0:
                     parts.append((part, share))
         summed: dict[str, float] = {}
+        from_forward = self.old_logprobs_source == "forward"
         for k, (part, share) in enumerate(parts):
-            forward_out = self._run(part, self._policy_call(self.policy, True))
+            forward_out = self._run(part, self._policy_call(self.compute_policy, True))
+            if from_forward:
+                # One optimizer step per batch: these weights are the ones before the step, so the ratio's
+                # denominator is this forward's own value (ratio 1, gradient of the plain policy gradient).
+                part[OLD_LOGPROBS] = forward_out[LOGPROBS].detach()
             if self.critic is not None:
                 forward_out.update(self._run(part, self._critic_call))
             loss, part_metrics = self.algorithm.compute_loss(part, forward_out)
+            part_metrics["learner/sampler_logprob_abs_diff"] = float(
+                masked_mean((part[OLD_LOGPROBS] - part["sampler_logprobs"]).abs(), part[LOSS_MASK])
+            )
             # Weighting each micro-batch by its share makes the sum the minibatch's loss.
             self.backend.backward(loss * share, last=k == len(parts) - 1)
             part_metrics["learner/loss"] = float(loss.detach())
@@ -304,14 +349,18 @@ class LearnerActor:
                 summed[key] = summed.get(key, 0.0) + value * share
         if not parts:
             # Nothing of this minibatch landed here; a zero loss keeps the learners' reductions in step.
-            self.backend.backward(sum(p.sum() for p in self.policy.parameters()) * 0.0, last=True)
+            self.backend.backward(sum(p.sum() for p in self.compute_policy.parameters()) * 0.0, last=True)
         return self.backend.sum_metrics(summed)
 
     # ----------------------------------------------------------------------------- weights, checkpoints
 
     def publish_weights(self) -> list[ray.ObjectRef]:
         """Put the current weights in the object store once; returns ``[ref]`` (a list, so Ray passes the ref)."""
-        return [ray.put(pack_state_dict(self.policy_state_dict(), self.version))]
+        return [ray.put(self.weights_payload())]
+
+    def weights_payload(self) -> WeightsPayload:
+        """The current weights as samplers load them: the float32 master in the samplers' dtype, versioned."""
+        return pack_state_dict(self.policy_state_dict(), self.version, dtype=self.publish_dtype)
 
     def policy_state_dict(self) -> dict[str, torch.Tensor]:
         """The policy's full weights under the plain model's names (adapters merged in)."""
@@ -325,7 +374,7 @@ class LearnerActor:
         if self.backend.rank != 0:
             return
         if is_lora(self.policy):
-            plain = load_model(self.model_config.name, self.model_config.dtype)
+            plain = load_model(self.model_config.name, "float32")
             plain.load_state_dict(merged_state_dict(self.policy))
             plain.save_pretrained(folder / POLICY_DIR)
         else:
@@ -351,11 +400,13 @@ class LearnerActor:
             # policy/ holds merged weights; the base stays as loaded and only the adapters are restored.
             load_adapter_state_dict(self.policy, state["adapter"])
         else:
-            restored = load_model(str(folder / POLICY_DIR), self.model_config.dtype)
+            restored = load_model(str(folder / POLICY_DIR), "float32")
             self.policy.load_state_dict(restored.state_dict())
         self.backend.load(folder, state)
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
+        if self.mixed is not None:
+            self.mixed.copy_weights()
         self.version = state["version"]
         torch.set_rng_state(state["torch_rng"])
         self.shuffle.set_state(state["shuffle_rng"])

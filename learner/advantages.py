@@ -47,6 +47,22 @@ def grpo_advantages(
     return torch.where(size > 1, centred, torch.zeros_like(centred))
 
 
+def uniform_groups(rewards: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """Rows whose group's rewards are all equal (a group of one included): GRPO and RLOO give every
+    such row an advantage of exactly 0, so the group carries no policy-gradient signal (DAPO, Yu et al.
+    2025, filters them out by "dynamic sampling").
+
+    Args:
+        rewards: (B,) outcome rewards.
+        groups: (B,) group id per episode.
+
+    Returns:
+        (B,) bool.
+    """
+    _, _, std = _group_stats(rewards.float(), groups)
+    return std == 0
+
+
 def rloo_advantages(rewards: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
     """RLOO (Kool et al. 2019; Ahmadian et al. 2024): r_i minus the mean of the other rewards of its group.
 

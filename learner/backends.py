@@ -13,18 +13,34 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from learner.precision import BFloat16Compute
+
 
 class TorchBackend:
-    """One process: backward, global-norm clip, AdamW step."""
+    """One process: backward, global-norm clip, AdamW step.
+
+    With ``compute`` (bf16-mixed precision) the losses come from its bfloat16 copy of ``modules``: each
+    backward's gradients are moved into ``modules``' float32 ``.grad``, the optimizer steps the float32
+    weights, and the step rounds them back into the copy.
+    """
 
     rank = 0
     world_size = 1
 
-    def __init__(self, modules: torch.nn.ModuleDict, optimizer, scheduler, *, grad_clip: float) -> None:
+    def __init__(
+        self,
+        modules: torch.nn.ModuleDict,
+        optimizer,
+        scheduler,
+        *,
+        grad_clip: float,
+        compute: BFloat16Compute | None = None,
+    ) -> None:
         self.modules = modules
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.grad_clip = grad_clip
+        self.compute = compute
 
     def shard(self, rows: torch.Tensor) -> torch.Tensor:
         """The rows of a minibatch this learner trains on."""
@@ -35,6 +51,8 @@ class TorchBackend:
 
     def backward(self, loss: torch.Tensor, *, last: bool) -> None:
         loss.backward()
+        if self.compute is not None:
+            self.compute.collect_gradients()
 
     def step(self) -> float:
         """Clip, step, advance the schedule; returns the pre-clip global gradient norm."""
@@ -42,6 +60,8 @@ class TorchBackend:
         norm = float(torch.nn.utils.clip_grad_norm_(params, self.grad_clip))
         self.optimizer.step()
         self.scheduler.step()
+        if self.compute is not None:
+            self.compute.copy_weights()
         return norm
 
     def sum_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
@@ -77,6 +97,7 @@ class DeepSpeedBackend(TorchBackend):
         world_size: int,
         master_addr: str,
         master_port: int,
+        bf16: bool = False,
     ) -> None:
         import deepspeed
 
@@ -99,6 +120,8 @@ class DeepSpeedBackend(TorchBackend):
                 "zero_optimization": {"stage": zero_stage},
                 "zero_allow_untested_optimizer": True,
                 "steps_per_print": 1 << 30,
+                # bf16-mixed: the modules compute in bfloat16, the optimizer keeps float32 master weights.
+                "bf16": {"enabled": bf16},
             },
         )
         super().__init__(modules, ds_optimizer, ds_scheduler, grad_clip=grad_clip)

@@ -36,7 +36,9 @@ class ServeArgs(BaseModel):
     )
     model: str | None = Field(None, description="A built-in model name or local Hugging Face directory.")
     model_id: str | None = Field(None, description="Id clients send as `model`; default: the model name or dir name.")
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Parameter dtype.")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="Dtype the replica computes in (`auto`: bfloat16 where the hardware is fast at it)."
+    )
     seed: int = Field(0, description="Seeds the sampling generator of each replica.")
     app_name: str = Field(APP_NAME, description="Serve application name.")
     serve: ServeConfig = Field(default_factory=ServeConfig, description="Limits, auth and scaling.")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from actors.engines.base import Engine, EngineUnavailableError, Generation
+from actors.models import resolve_dtype
 
 ENGINES = ("transformers", "vllm")
 
@@ -22,7 +23,7 @@ def make_engine(
     Args:
         name: ``transformers`` or ``vllm``.
         model_name: built-in model name or local Hugging Face directory.
-        dtype: ``float32`` or ``bfloat16``.
+        dtype: ``float32``, ``bfloat16`` or ``auto`` (bfloat16 where the hardware computes in it natively).
         seed: seeds the engine's own sampling stream.
         stop_token_ids: ids that end a turn.
         pad_token_id: padding id (transformers engine).
@@ -33,6 +34,7 @@ def make_engine(
         ValueError: ``name`` is not a known engine.
         EngineUnavailableError: the engine cannot run here (vLLM without the package or a CUDA GPU).
     """
+    dtype = resolve_dtype(dtype)
     if name == "transformers":
         from actors.engines.transformers_engine import TransformersEngine
 

@@ -224,7 +224,9 @@ class TransformersEngine(Engine):
         """Adopt ``payload``'s weights. On CPU the parameters become views of the payload's arrays in
         the object store's shared memory (no copy): a load is nearly free and every sampler and server
         on a node reads one copy of the weights. The arrays are read-only; inference never writes them."""
-        on_cpu = self.device.type == "cpu"
-        self.model.load_state_dict(unpack_state_dict(payload), strict=True, assign=on_cpu)
+        tensors = unpack_state_dict(payload)
+        # Views need the payload in the model's own dtype; otherwise load_state_dict copies and casts.
+        same_dtype = all(t.dtype == p.dtype for t, p in zip(tensors.values(), self.model.state_dict().values()))
+        self.model.load_state_dict(tensors, strict=True, assign=self.device.type == "cpu" and same_dtype)
         self.kv_cache.clear()  # cached keys/values were computed with the old weights
         self.weights_version = payload.version

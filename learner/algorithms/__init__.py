@@ -11,7 +11,12 @@ from learner.algorithms.base import (
 )
 from learner.algorithms.dpo import DPO, build_pairs
 from learner.algorithms.grpo import GRPO
-from learner.algorithms.policy_gradient import PolicyGradient, PolicyGradientParams
+from learner.algorithms.policy_gradient import (
+    GroupRelative,
+    GroupRelativeParams,
+    PolicyGradient,
+    PolicyGradientParams,
+)
 from learner.algorithms.ppo import PPO
 from learner.algorithms.reinforce_pp import ReinforcePP
 from learner.algorithms.rloo import RLOO
@@ -26,6 +31,8 @@ __all__ = [
     "Algorithm",
     "AlgorithmConfigError",
     "AlgorithmParams",
+    "GroupRelative",
+    "GroupRelativeParams",
     "PolicyGradient",
     "PolicyGradientParams",
     "ReinforcePP",

@@ -73,6 +73,20 @@ class Algorithm(abc.ABC):
         """Whether the learner keeps a frozen reference model and provides ``ref_logprobs``."""
         return False
 
+    @property
+    def uses_old_logprobs(self) -> bool:
+        """Whether the loss or the advantages read ``old_logprobs`` at all (SFT and DPO do not: the learner
+        then never scores the batch for them and fills ``old_logprobs`` from the training forward)."""
+        return True
+
+    @property
+    def advantages_read_old_logprobs(self) -> bool:
+        """Whether ``compute_advantages`` reads ``old_logprobs``. When it does not and each batch gets one
+        optimizer step, the learner fills ``old_logprobs`` from the training forward itself (detached)
+        just before ``compute_loss`` instead of scoring the batch in a pass of its own. True by default,
+        the safe answer for an algorithm that does not say."""
+        return self.uses_old_logprobs
+
     def select_trajectories(self, trajectories: list[Trajectory]) -> list[Trajectory]:
         """The rows the learner trains on, in order; by default every trajectory once.
 
@@ -80,6 +94,12 @@ class Algorithm(abc.ABC):
         here; an episode may appear several times or not at all.
         """
         return trajectories
+
+    @property
+    def skips_uninformative_groups(self) -> bool:
+        """Whether ``select_trajectories`` leaves out whole task groups that carry no signal (e.g. GRPO's
+        groups whose rewards are all equal); dynamic sampling refills a batch only for such algorithms."""
+        return False
 
     def micro_batch_groups(self, batch: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """(B,) ids of rows that must share a minibatch and micro-batch (e.g. the two rows of a

@@ -74,6 +74,16 @@ class DPO(Algorithm):
     def needs_reference(self) -> bool:
         return True
 
+    @property
+    @override
+    def uses_old_logprobs(self) -> bool:
+        return False
+
+    @property
+    @override
+    def skips_uninformative_groups(self) -> bool:
+        return True  # a task whose episodes all got the same reward forms no pair
+
     @override
     def select_trajectories(self, trajectories: list[Trajectory]) -> list[Trajectory]:
         return [trajectories[i] for pair in build_pairs(trajectories) for i in pair]

@@ -8,16 +8,16 @@ from typing_extensions import override
 
 from learner.advantages import grpo_advantages
 from learner.algorithms.base import GROUPS, LOSS_MASK, REWARDS, register_algorithm
-from learner.algorithms.policy_gradient import PolicyGradient, PolicyGradientParams
+from learner.algorithms.policy_gradient import GroupRelative, GroupRelativeParams
 
 
-class GRPOParams(PolicyGradientParams):
+class GRPOParams(GroupRelativeParams):
     adv_eps: float = Field(1e-6, gt=0.0, description="Added to the group std when normalising advantages.")
     normalize_std: bool = Field(True, description="Divide by the group std (False: the Dr. GRPO variant).")
 
 
 @register_algorithm
-class GRPO(PolicyGradient):
+class GRPO(GroupRelative):
     """Every sampled token of an episode gets the episode's group-normalised outcome advantage."""
 
     name = "grpo"

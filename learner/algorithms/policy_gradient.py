@@ -8,12 +8,13 @@ plus the KL loss term and the entropy bonus.
 from __future__ import annotations
 
 import abc
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from typing_extensions import override
 
+from learner.advantages import uniform_groups
 from learner.algorithms.base import (
     ADVANTAGES,
     ENTROPY,
@@ -28,6 +29,9 @@ from learner.algorithms.base import (
     AlgorithmParams,
 )
 from learner.losses import aggregate, clipped_policy_loss, kl_penalty, masked_mean
+
+if TYPE_CHECKING:
+    from actors.trajectory import Trajectory
 
 
 class PolicyGradientParams(AlgorithmParams):
@@ -56,6 +60,12 @@ class PolicyGradient(Algorithm):
     @override
     def needs_reference(self) -> bool:
         return self.config.kl_coef > 0
+
+    @property
+    @override
+    def advantages_read_old_logprobs(self) -> bool:
+        # Only the KL-as-reward penalty, subtracted from the rewards before the advantages, reads them.
+        return self.config.kl_mode == "reward" and self.needs_reference
 
     @abc.abstractmethod
     def estimate_advantages(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -106,3 +116,48 @@ class PolicyGradient(Algorithm):
         self, batch: dict[str, torch.Tensor], forward_out: dict[str, torch.Tensor]
     ) -> tuple[torch.Tensor, dict[str, float]]:
         return self.policy_loss(batch, forward_out)
+
+
+class GroupRelativeParams(PolicyGradientParams):
+    skip_uniform_groups: bool = Field(
+        True,
+        description="Leave groups whose episodes all got the same reward out of the update (no forward or "
+        "backward): their advantages are all 0, so only the KL and entropy terms would act (DAPO's dynamic-"
+        "sampling filter). Not applied with the KL-as-reward penalty (kl_mode=reward), which makes rewards differ.",
+    )
+
+    @model_validator(mode="after")
+    def _skip_fits_kl_mode(self) -> GroupRelativeParams:
+        if "skip_uniform_groups" in self.model_fields_set and self.skip_uniform_groups and self.kl_shapes_rewards:
+            raise ValueError(
+                "skip_uniform_groups=true cannot apply with kl_mode=reward and kl_coef > 0 (the KL penalty makes "
+                "every group's rewards differ); set skip_uniform_groups=false or kl_mode=loss"
+            )
+        return self
+
+    @property
+    def kl_shapes_rewards(self) -> bool:
+        return self.kl_mode == "reward" and self.kl_coef > 0
+
+
+class GroupRelative(PolicyGradient):
+    """Base of the algorithms whose advantages compare the episodes of a task's group (GRPO, RLOO)."""
+
+    Config = GroupRelativeParams
+    config: GroupRelativeParams
+
+    @property
+    @override
+    def skips_uninformative_groups(self) -> bool:
+        return self.config.skip_uniform_groups and not self.config.kl_shapes_rewards
+
+    @override
+    def select_trajectories(self, trajectories: list[Trajectory]) -> list[Trajectory]:
+        """Every trajectory, less the groups whose rewards (as the advantages see them) are all equal when
+        ``skip_uniform_groups`` applies."""
+        if not trajectories or not self.skips_uninformative_groups:
+            return trajectories
+        zero_truncated = self.config.truncated == "zero_reward"
+        rewards = torch.tensor([0.0 if zero_truncated and t.truncated else t.reward for t in trajectories])
+        uniform = uniform_groups(rewards, torch.tensor([t.group for t in trajectories]))
+        return [t for t, skip in zip(trajectories, uniform.tolist(), strict=True) if not skip]

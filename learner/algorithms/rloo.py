@@ -7,11 +7,11 @@ from typing_extensions import override
 
 from learner.advantages import rloo_advantages
 from learner.algorithms.base import GROUPS, LOSS_MASK, REWARDS, register_algorithm
-from learner.algorithms.policy_gradient import PolicyGradient
+from learner.algorithms.policy_gradient import GroupRelative
 
 
 @register_algorithm
-class RLOO(PolicyGradient):
+class RLOO(GroupRelative):
     """Every sampled token of an episode gets r_i - mean(r_j, j != i) over its group."""
 
     name = "rloo"

@@ -16,6 +16,11 @@ class SFT(Algorithm):
 
     name = "sft"
 
+    @property
+    @override
+    def uses_old_logprobs(self) -> bool:
+        return False
+
     @override
     def compute_advantages(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return torch.zeros_like(batch[LOSS_MASK])

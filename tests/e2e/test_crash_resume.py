@@ -19,6 +19,8 @@ CLI = Path(sys.executable).parent / "agentgym-rl"
 SETTINGS = [
     "model.name=tiny-random",
     "algorithm.entropy_coef=0.01",
+    # tiny-random never succeeds: every group is uniform, which GRPO would otherwise skip
+    "algorithm.skip_uniform_groups=false",
     "learner.lr=1e-3",
     "sampler.sampling.max_new_tokens=12",
     "curriculum.horizons=[1, 2]",

@@ -42,6 +42,8 @@ def test_training_run_serves_each_new_version(tmp_path: Path):
     url = f"http://127.0.0.1:{port}"
     settings = {
         "model.name": "tiny-random",
+        # tiny-random never succeeds: every group is uniform, which GRPO would otherwise skip (no new version)
+        "algorithm.skip_uniform_groups": "false",
         "sampler.sampling.max_new_tokens": 8,
         "curriculum.horizons": "[2]",
         "trainer.iterations": ITERATIONS,

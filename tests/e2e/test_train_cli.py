@@ -20,6 +20,9 @@ TINY = [
     # an entropy bonus and a large step make the weights move although tiny-random never succeeds
     "--set",
     "algorithm.entropy_coef=0.01",
+    # tiny-random never succeeds: every group is uniform, which GRPO would otherwise skip
+    "--set",
+    "algorithm.skip_uniform_groups=false",
     "--set",
     "learner.lr=1e-3",
     "--set",

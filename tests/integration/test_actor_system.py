@@ -18,6 +18,8 @@ OVERRIDES = [
     "learner.micro_batch_size=2",
     "learner.lr=1e-3",
     "algorithm.entropy_coef=0.01",
+    # tiny-random never succeeds: every group is uniform, which GRPO would otherwise skip
+    "algorithm.skip_uniform_groups=false",
     "curriculum.schedule=stepwise",
     "curriculum.horizons=[2, 3]",
     "curriculum.advance_every=2",

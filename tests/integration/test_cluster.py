@@ -39,6 +39,8 @@ TINY = [
     "trainer.tasks_per_iteration=2",
     "algorithm.group_size=2",
     "algorithm.entropy_coef=0.01",
+    # tiny-random never succeeds: every group is uniform, which GRPO would otherwise skip
+    "algorithm.skip_uniform_groups=false",
     "learner.micro_batch_size=2",
     "learner.lr=1e-3",
     "logging.progress=false",

@@ -25,6 +25,8 @@ SETTINGS = [
     "logging.progress=false",
     "algorithm.group_size=2",
     "algorithm.entropy_coef=0.01",
+    # tiny-random never succeeds: every group is uniform, which GRPO would otherwise skip
+    "algorithm.skip_uniform_groups=false",
     "learner.lr=1e-3",
     "learner.num_cpus=0.5",
     "learner.gradient_checkpointing=false",

@@ -23,6 +23,8 @@ ASYNC_TINY = [
     "trainer.checkpoint_every=4",
     "algorithm.group_size=2",
     "algorithm.entropy_coef=0.01",
+    # tiny-random never succeeds: every group is uniform, which GRPO would otherwise skip
+    "algorithm.skip_uniform_groups=false",
     "learner.lr=1e-3",
     "learner.micro_batch_size=4",
     "learner.num_cpus=0.5",
@@ -38,7 +40,7 @@ ASYNC_TINY = [
 
 def test_async_mode_defaults_to_sampler_logprobs_and_rejects_recompute():
     assert load_config(None, ["trainer.mode=async"]).learner.old_logprobs == "sampler"
-    assert load_config(None, []).learner.old_logprobs == "recompute"
+    assert load_config(None, []).learner.old_logprobs == "auto"
     with pytest.raises(ConfigError, match="learner.old_logprobs=sampler"):
         load_config(None, ["trainer.mode=async", "learner.old_logprobs=recompute"])
     with pytest.raises(ConfigError, match="temperature=1.0"):

@@ -62,6 +62,8 @@ def test_tiny_run_writes_offline_wandb_run_with_its_metrics(tmp_path: Path):
         "trainer.tasks_per_iteration": "1",
         "trainer.checkpoint_every": "2",
         "algorithm.group_size": "3",
+        # tiny-random never succeeds: every group is uniform, which GRPO would otherwise skip (no update)
+        "algorithm.skip_uniform_groups": "false",
         "curriculum.horizons": "[1, 2]",
         "curriculum.advance_every": "1",
         "logging.progress": "false",

@@ -17,9 +17,10 @@ from tests.unit.learner.test_learner import gradients
 
 
 def make_learner(*overrides: str) -> LearnerActor:
-    """A DPO learner on tiny-random with a large step, so a few updates move it."""
+    """A float32 DPO learner on tiny-random with a large step, so a few updates move it."""
     data: dict = {}
-    for item in ["model.name=tiny-random", "algorithm.name=dpo", "algorithm.beta=0.5", "learner.lr=1e-3", *overrides]:
+    base = ["model.name=tiny-random", "algorithm.name=dpo", "algorithm.beta=0.5", "learner.lr=1e-3"]
+    for item in [*base, "learner.precision=float32", *overrides]:
         apply_override(data, item)
     config = Config.model_validate(data)
     return LearnerActor(model=config.model, learner=config.learner, algorithm=config.algorithm, seed=0)

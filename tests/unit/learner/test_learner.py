@@ -18,15 +18,22 @@ ALGORITHMS = {
 }
 
 
-def make_learner(algorithm: str, *overrides: str) -> LearnerActor:
+def make_learner(algorithm: str, *overrides: str, sampler_dtype: str = "float32") -> LearnerActor:
+    """A float32 learner (these tests compare gradients of equal losses to float32 tolerances)."""
     data: dict = {}
-    for item in ["model.name=tiny-random", f"algorithm.name={algorithm}", "learner.lr=1e-3", *ALGORITHMS[algorithm]]:
+    base = ["model.name=tiny-random", f"algorithm.name={algorithm}", "learner.lr=1e-3", "learner.precision=float32"]
+    for item in [*base, *ALGORITHMS[algorithm]]:
         apply_override(data, item)
     for item in overrides:
         apply_override(data, item)
     config = Config.model_validate(data)
     return LearnerActor(
-        model=config.model, learner=config.learner, algorithm=config.algorithm, seed=0, total_updates=10
+        model=config.model,
+        learner=config.learner,
+        algorithm=config.algorithm,
+        seed=0,
+        sampler_dtype=sampler_dtype,
+        total_updates=10,
     )
 
 
