@@ -34,7 +34,7 @@ from configs import Config, ConfigError, load_config
 from configs.schema import MixEntry
 from envs import EnvError, make
 from learner.actor import LearnerActor
-from learner.algorithms import AlgorithmConfigError, build_algorithm
+from learner.algorithms import Algorithm, AlgorithmConfigError, build_algorithm
 
 log = structlog.get_logger()
 
@@ -100,9 +100,12 @@ class TaskSchedule:
         self.per_iteration = min(per_iteration, len(tasks))
         self.rng = np.random.default_rng(seed)
 
-    def next(self) -> list[int]:
-        picks = self.rng.choice(len(self.tasks), size=self.per_iteration, replace=False)
-        return [self.tasks[int(i)] for i in picks]
+    def next(self, count: int | None = None, exclude: frozenset[int] = frozenset()) -> list[int]:
+        """``count`` distinct tasks (default: ``per_iteration``), none of ``exclude``."""
+        pool = [task for task in self.tasks if task not in exclude] if exclude else self.tasks
+        size = min(count if count is not None else self.per_iteration, len(pool))
+        picks = self.rng.choice(len(pool), size=size, replace=False)
+        return [pool[int(i)] for i in picks]
 
     def state(self) -> dict:
         return self.rng.bit_generator.state
@@ -151,6 +154,8 @@ class Trainer:
         self.weights_version = 0
         self.learner_restarts = 0
         self.policy_server = None  # the Serve model deployment's handle when serve.enabled
+        # The driver's own instance: which task groups the learner would skip (dynamic sampling, metrics).
+        self.algorithm = build_algorithm(config.algorithm.name, config.algorithm.model_extra or {})
 
     @property
     def mixed(self) -> bool:
@@ -233,6 +238,7 @@ class Trainer:
                 learner=cfg.learner,
                 algorithm=cfg.algorithm,
                 seed=cfg.run.seed,
+                sampler_dtype=cfg.sampler.dtype,
                 total_updates=cfg.trainer.iterations * cfg.learner.epochs * cfg.learner.minibatches,
                 rank=rank,
                 world_size=cfg.learner.count,
@@ -344,7 +350,7 @@ class Trainer:
         from serve.app import ServeArgs, ServeError, start_server
 
         cfg = self.config
-        args = ServeArgs(model=cfg.model.name, dtype=cfg.model.dtype, seed=cfg.run.seed, serve=cfg.serve)
+        args = ServeArgs(model=cfg.model.name, dtype=cfg.sampler.dtype, seed=cfg.run.seed, serve=cfg.serve)
         try:
             self.policy_server = start_server(args)
         except ServeError as exc:
@@ -401,12 +407,26 @@ class Trainer:
                 slot.pool.refresh(iteration)
             except PoolError as exc:
                 raise self._pool_error(slot, exc) from exc
+        pending = self._launch_groups(iteration, [slot.schedule.next() for slot in self.slots], first_group=0)
+        log.info(
+            "rollout started",
+            samplers=len(self.samplers),
+            env_actors=sum(slot.pool.env_actors() for slot in self.slots),
+            groups=len(pending),
+        )
+        return pending
+
+    def _launch_groups(
+        self, iteration: int, tasks: list[list[int]], first_group: int
+    ) -> dict[ray.ObjectRef, tuple[int, int]]:
+        """Start ``group_size`` episodes of each of ``tasks[i]`` (env i's tasks) on env i's samplers, groups
+        numbered from ``first_group`` on; returns each collect call's (env index, group)."""
         group_size = self.config.algorithm.group_size
         pending = {}
-        group = 0
-        for index, slot in enumerate(self.slots):
+        group = first_group
+        for index, (slot, env_tasks) in enumerate(zip(self.slots, tasks, strict=True)):
             samplers = slot.pool.samplers
-            for local, task_id in enumerate(slot.schedule.next()):
+            for local, task_id in enumerate(env_tasks):
                 sampler = samplers[local % len(samplers)]
                 requests = [
                     EpisodeRequest(
@@ -416,13 +436,36 @@ class Trainer:
                 ]
                 pending[slot.pool.submit(sampler, requests)] = (index, group)
                 group += 1
-        log.info(
-            "rollout started",
-            samplers=len(self.samplers),
-            env_actors=sum(slot.pool.env_actors() for slot in self.slots),
-            groups=len(pending),
-        )
         return pending
+
+    def _refill(
+        self, iteration: int, refs: list[ray.ObjectRef], trajectories: list[Trajectory], progress: Progress | None
+    ) -> tuple[list[ray.ObjectRef], list[Trajectory], dict[str, float]]:
+        """Dynamic sampling: play more tasks until every env has its share of informative groups (ones the
+        algorithm keeps) or ``trainer.dynamic_sampling.max_extra_tasks`` more were drawn; returns every
+        episode played and the ``rollout/`` metrics of the refill."""
+        budget = self.config.trainer.dynamic_sampling.max_extra_tasks
+        extra = 0
+        while True:
+            informative = informative_groups(self.algorithm, trajectories)
+            deficits = [
+                slot.schedule.per_iteration - len({t.group for t in trajectories if t.env == slot.name} & informative)
+                for slot in self.slots
+            ]
+            if extra >= budget or all(d <= 0 for d in deficits):
+                break
+            draws = []
+            for slot, deficit in zip(self.slots, deficits, strict=True):
+                count = min(max(deficit, 0), budget - extra)
+                extra += count
+                played = frozenset(t.task_id for t in trajectories if t.env == slot.name)
+                draws.append(slot.schedule.next(count, exclude=played) if count else [])
+            first_group = max(t.group for t in trajectories) + 1
+            more_refs, more = self._await_rollout(
+                self._launch_groups(iteration, draws, first_group), iteration, progress
+            )
+            refs, trajectories = refs + more_refs, trajectories + more
+        return refs, trajectories, {"rollout/extra_tasks": float(extra)}
 
     def _await_rollout(
         self, pending: dict[ray.ObjectRef, tuple[int, int]], iteration: int, progress: Progress | None
@@ -606,16 +649,22 @@ class Trainer:
         started = time.perf_counter()
         horizons = self._start_horizons(iteration)
         refs, trajectories = self._rollout(iteration, display.progress)
+        sampling: dict[str, float] = {}
+        if cfg.trainer.dynamic_sampling.enabled:
+            refs, trajectories, sampling = self._refill(iteration, refs, trajectories, display.progress)
         reports, env_keys = self._env_reports(trajectories, horizons)
         refs, trajectories, failed = split_failed(refs, trajectories)
         rollout_s = time.perf_counter() - started
         learner_metrics = self._update(refs) if refs else {}
-        sync_s = self._sync_weights(iteration)
+        # No optimizer step (e.g. every group uninformative): the samplers already have these weights.
+        sync_s = self._sync_weights(iteration) if learner_metrics.get("learner/optimizer_steps") else 0.0
         record = {
             "iteration": iteration,
             "horizon": max(horizons),
             "weights_version": self.weights_version,
             **rollout_metrics(trajectories, failed),
+            **group_metrics(self.algorithm, trajectories),
+            **sampling,
             **env_keys,
             **learner_metrics,
             "time/rollout_s": rollout_s,
@@ -641,6 +690,22 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def informative_groups(algorithm: Algorithm, trajectories: list[Trajectory]) -> set[int]:
+    """The groups of ``trajectories`` (failed episodes left out) that ``algorithm`` would train on."""
+    by_group: dict[int, list[Trajectory]] = {}
+    for trajectory in trajectories:
+        if not trajectory.failed:
+            by_group.setdefault(trajectory.group, []).append(trajectory)
+    return {group for group, members in by_group.items() if algorithm.select_trajectories(members)}
+
+
+def group_metrics(algorithm: Algorithm, trajectories: list[Trajectory]) -> dict[str, float]:
+    """``rollout/groups`` played and ``rollout/groups_skipped``: those the algorithm leaves out of the update."""
+    groups = {t.group for t in trajectories}
+    skipped = len(groups - informative_groups(algorithm, trajectories)) if algorithm.skips_uninformative_groups else 0
+    return {"rollout/groups": float(len(groups)), "rollout/groups_skipped": float(skipped)}
+
+
 def pool_metrics(per_pool: list[dict[str, float]]) -> dict[str, float]:
     """The run's ``pool/*`` metrics: each key summed over the envs' pools."""
     return {key: sum(metrics[key] for metrics in per_pool) for key in per_pool[0]}
@@ -654,9 +719,15 @@ def episode_seed(run_seed: int, iteration: int, group: int, index: int) -> int:
 def check_algorithm(config: Config) -> None:
     """Validate the algorithm section against the chosen algorithm before anything starts."""
     try:
-        build_algorithm(config.algorithm.name, config.algorithm.model_extra or {})
+        algorithm = build_algorithm(config.algorithm.name, config.algorithm.model_extra or {})
     except AlgorithmConfigError as exc:
         raise ConfigError(f"invalid config: {exc}") from None
+    if config.trainer.dynamic_sampling.enabled and not algorithm.skips_uninformative_groups:
+        raise ConfigError(
+            f"invalid config: trainer.dynamic_sampling.enabled refills groups that the algorithm would skip, but "
+            f"{config.algorithm.name!r} skips none (grpo and rloo do with skip_uniform_groups=true, dpo always); "
+            "set trainer.dynamic_sampling.enabled=false"
+        )
 
 
 def prepare_run(config_path: str | None, overrides: list[str], resume: str | None) -> tuple[Config, RunDir]:
