@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -114,6 +115,24 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    # Imported here: like eval, only compare needs the evaluation module.
+    from actors.compare import CompareError, compare_reports, format_comparison, load_report
+
+    try:
+        comparison = compare_reports(load_report(Path(args.a)), load_report(Path(args.b)))
+    except CompareError as exc:
+        print(f"agentgym-rl: error: {exc}", file=sys.stderr)
+        return 2
+    print(format_comparison(comparison))
+    if args.output is not None:
+        output = Path(args.output)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(comparison, indent=2))
+        print(f"comparison: {output}")
+    return 0
+
+
 def cmd_data(args: argparse.Namespace) -> int:
     # Imported here: only the data commands need the export format.
     from actors.data import DataError, export_run, import_episodes
@@ -216,6 +235,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key of the samplers"
     )
     p_eval.set_defaults(func=cmd_eval)
+
+    p_compare = sub.add_parser(
+        "compare", help="paired comparison of two eval reports (success difference B - A, exact McNemar p)"
+    )
+    p_compare.add_argument("a", metavar="A.json", help="report of policy A, written by `agentgym-rl eval`")
+    p_compare.add_argument("b", metavar="B.json", help="report of policy B: same env, split, episodes and --seed")
+    p_compare.add_argument("--output", metavar="FILE", help="also write the comparison as JSON to FILE")
+    p_compare.set_defaults(func=cmd_compare)
 
     p_data = sub.add_parser("data", help="export a run's trajectories, or import episodes for offline training")
     data_sub = p_data.add_subparsers(dest="data_command", required=True)

@@ -88,6 +88,7 @@ class EpisodeResult(BaseModel):
 
     task_id: int
     sample: int = Field(description="Index of this episode among the task's samples.")
+    seed: int = Field(description="Seed of the episode's sampling stream (`episode_seeds`); pairs episodes in compare.")
     category: str = Field(description="Task category (BabyAI level, SciWorld task, TextCraft depth, search hops).")
     success: bool
     score: float = Field(description="Outcome score: the reward, on 0-100 for SciWorld.")
@@ -278,19 +279,27 @@ def build_config(options: EvalOptions, policy: str, run_dir: RunDir | None) -> C
         raise ConfigError(format_validation_error(exc, "eval settings")) from None
 
 
-def play(config: Config, tasks: list[int], samples: int, max_turns: int) -> list[Trajectory]:
-    """Play every task ``samples`` times on the configured samplers; trajectories by task, then sample."""
+def episode_seeds(seed: int, task_id: int, samples: int) -> list[int]:
+    """The sampling seeds of a task's ``samples`` episodes under eval seed ``seed``, by sample.
+
+    They depend on the eval seed, task and sample only, so a rerun samples the same tokens and two
+    policies evaluated with the same seed play each episode from the same seed.
+    """
+    return [int(s) for s in np.random.SeedSequence([seed, task_id]).generate_state(samples)]
+
+
+def play(config: Config, tasks: list[int], samples: int, max_turns: int) -> list[tuple[int, Trajectory]]:
+    """Play every task ``samples`` times on the configured samplers; (seed, trajectory) pairs by task, then sample."""
     sampler_cls = ray.remote(SamplerActor).options(num_cpus=config.sampler.num_cpus, max_concurrency=1000)
     samplers = [
         sampler_cls.remote(index=i, model=config.model, sampler=config.sampler, env=config.env, seed=config.run.seed)
         for i in range(config.sampler.count)
     ]
     ray.get([sampler.set_horizon.remote(max_turns) for sampler in samplers])
-    calls = []
+    calls, seeds = [], []
     for group, task_id in enumerate(tasks):
-        # Seeds depend on the eval seed, task and sample only, so a rerun samples the same tokens.
-        seeds = [int(s) for s in np.random.SeedSequence([config.run.seed, task_id]).generate_state(samples)]
-        requests = [EpisodeRequest(task_id=task_id, group=group, seed=seed) for seed in seeds]
+        seeds.append(episode_seeds(config.run.seed, task_id, samples))
+        requests = [EpisodeRequest(task_id=task_id, group=group, seed=seed) for seed in seeds[-1]]
         calls.append(samplers[group % len(samplers)].collect.remote(requests))
     # Tasks finish in any order; the log reports progress about every tenth of them.
     played: dict[ray.ObjectRef, list[Trajectory]] = {}
@@ -302,7 +311,12 @@ def play(config: Config, tasks: list[int], samples: int, max_turns: int) -> list
         if len(played) % every == 0 or not waiting:
             episodes = len(played) * samples
             log.info("eval progress", tasks=f"{len(played)}/{len(calls)}", success_rate=round(successes / episodes, 3))
-    return [trajectory for call in calls for trajectory in played[call]]
+    # collect returns a call's trajectories in the order of its requests, so they line up with its seeds.
+    return [
+        pair
+        for call, task_seeds in zip(calls, seeds, strict=True)
+        for pair in zip(task_seeds, played[call], strict=True)
+    ]
 
 
 def run_eval(options: EvalOptions) -> tuple[dict, Path]:
@@ -327,16 +341,17 @@ def run_eval(options: EvalOptions) -> tuple[dict, Path]:
         tasks = pick_tasks(list(env.tasks(options.split)), options.episodes)
         init_ray(config)
         try:
-            trajectories = play(config, tasks, options.samples, max_turns)
+            episodes = play(config, tasks, options.samples, max_turns)
         finally:
             ray.shutdown()
         per_task = defaultdict(int)
         results = []
-        for trajectory in trajectories:
+        for seed, trajectory in episodes:
             results.append(
                 EpisodeResult(
                     task_id=trajectory.task_id,
                     sample=per_task[trajectory.task_id],
+                    seed=seed,
                     category=task_category(env, trajectory.task_id),
                     success=trajectory.success,
                     score=episode_score(trajectory),

@@ -12,6 +12,7 @@ from actors.evaluate import (
     EvalOptions,
     build_config,
     episode_score,
+    episode_seeds,
     mean_interval,
     pass_at_k,
     pick_tasks,
@@ -80,7 +81,14 @@ def test_mean_interval_uses_student_t():
 
 def result(task_id: int, sample: int, success: bool, score: float, category: str = "a", truncated: bool = False):
     return EpisodeResult(
-        task_id=task_id, sample=sample, category=category, success=success, score=score, turns=3, truncated=truncated
+        task_id=task_id,
+        sample=sample,
+        seed=episode_seeds(0, task_id, sample + 1)[sample],
+        category=category,
+        success=success,
+        score=score,
+        turns=3,
+        truncated=truncated,
     )
 
 
@@ -107,6 +115,13 @@ def test_summarize_avg_and_pass_at_k_by_hand():
     assert by_category["x"]["pass@2"] == pytest.approx(1.0)
     assert by_category["y"]["pass@2"] == 0.0
     assert by_category["y"]["mean_score"] == pytest.approx(0.25)
+
+
+def test_episode_seeds_are_those_earlier_reports_played():
+    # Pinned: a report's episodes reproduce, and pair up in compare, only while these stay the same.
+    assert episode_seeds(0, 7, 3) == [1369798745, 2153889110, 378758007]
+    assert episode_seeds(3, 7, 2) == [2580024465, 2227149223]
+    assert episode_seeds(0, 7, 1) == episode_seeds(0, 7, 3)[:1]  # more samples keep the first ones
 
 
 def test_pick_tasks_spreads_evenly_and_checks_the_count():
