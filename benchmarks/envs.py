@@ -7,12 +7,14 @@ their oracle's episodes (a fixed policy: the same actions every run) in lock-ste
 per env per round, all N at once. The baseline is the same N envs stepped one after another in this
 process; the other columns are ratios to it. Resets happen when an episode ends and count toward
 the time, not the steps. Everything runs on 127.0.0.1: a local Ray instance and one
-``agentgym-rl env-server`` subprocess per env and N.
+``agentgym-rl env-server`` subprocess per env and N. The output ends with one JSON line of every
+ratio: ``<env>_actors_vs_in_process_<N>`` and ``<env>_http_vs_in_process_<N>``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import subprocess
@@ -188,6 +190,7 @@ def main() -> None:
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
     print(f"{'env':<10} {'envs':>4} {'in-process steps/s':>19} {'EnvActors':>10} {'HTTP':>8}")
     started = time.perf_counter()
+    ratios: dict[str, float] = {}
     for name in names:
         try:
             probe = envs.make(name)
@@ -206,10 +209,13 @@ def main() -> None:
             continue
         for n in counts:
             print(f"{name:<10} {n:>4} {base[n]:>19.1f} {actors[n] / base[n]:>9.2f}x {http[n] / base[n]:>7.2f}x")
+            ratios[f"{name}_actors_vs_in_process_{n}"] = round(actors[n] / base[n], 4)
+            ratios[f"{name}_http_vs_in_process_{n}"] = round(http[n] / base[n], 4)
         if len(counts) < len(concurrency):
             print(f"{name:<10} more than {counts[-1]} envs skipped: {'one JVM per SciWorld instance'}")
     print(f"(ratios to in-process with the same number of envs; {time.perf_counter() - started:.0f} s in all)")
     ray.shutdown()
+    print(json.dumps({"ratios": ratios}))
 
 
 if __name__ == "__main__":

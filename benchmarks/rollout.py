@@ -9,6 +9,10 @@ Rows (same model, same BabyAI tasks and seeds everywhere):
 * rollout with KV reuse vs without: the same episodes played by a sampler that keeps each episode's
   keys/values between turns (``sampler.kv_cache_tokens``) and by one that re-prefills every turn
   (``sampler.kv_cache_tokens=0``); the trajectories must be identical; ratio of tokens/s.
+* sampler bfloat16 vs float32: the same episodes (same tasks and seeds) played by a sampler with
+  ``sampler.dtype=bfloat16`` and one with ``float32``; ratio of tokens/s (> 1: bfloat16 is faster). The
+  sampled tokens may differ (other rounding), so the episodes' lengths may too. The KV-reuse sampler
+  above, whose ``sampler.dtype`` is ``auto``, counts for the dtype ``auto`` resolves to on this machine.
 
 Rollouts and the bare generation run three times each and the fastest pass counts, which filters
 out other processes' load on a shared machine.
@@ -17,6 +21,10 @@ out other processes' load on a shared machine.
 * async vs sync iteration: ``agentgym-rl train`` with trainer.mode=async against max(rollout, update)
   of the same run in sync mode (steady-state iterations, the first one excluded). Goal <= 1.1.
 * weight publish to 4 samplers vs one ray.put + ray.get of the same state dict. Goal <= 1.5.
+
+The output ends with one JSON line holding every ratio of the table: ``rollout_vs_bare_generate``,
+``rollout_wall_vs_generate_plus_env``, ``kv_reuse_vs_reprefill``, ``rollout_bf16_vs_float32``,
+``publish_vs_put_get`` and (without --skip-train) ``async_vs_sync``.
 """
 
 from __future__ import annotations
@@ -37,18 +45,18 @@ REPO = Path(__file__).resolve().parents[1]
 _HERE = str(Path(__file__).resolve().parent)
 sys.path[:] = [str(REPO)] + [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
-import ray  # noqa: E402
-import torch  # noqa: E402
+import ray
+import torch
 
-from actors.engines import make_engine  # noqa: E402
-from actors.models import load_model, load_tokenizer  # noqa: E402
-from actors.sampler import EpisodeRequest, SamplerActor  # noqa: E402
-from actors.trainer import episode_seed, init_ray  # noqa: E402
-from actors.trajectory import Trajectory  # noqa: E402
-from actors.weights import pack_state_dict  # noqa: E402
-from configs import Config, load_config  # noqa: E402
-from envs import make  # noqa: E402
-from envs.actor import create_env_actor  # noqa: E402
+from actors.engines import make_engine
+from actors.models import load_model, load_tokenizer, resolve_dtype
+from actors.sampler import EpisodeRequest, SamplerActor
+from actors.trainer import episode_seed, init_ray
+from actors.trajectory import Trajectory
+from actors.weights import pack_state_dict
+from configs import Config, load_config
+from envs import make
+from envs.actor import create_env_actor
 
 LEVELS = "env.options.levels=[GoToObjS6]"
 
@@ -112,7 +120,7 @@ def bare_generation(config: Config, trajectories: list[Trajectory], repeats: int
     engine = make_engine(
         "transformers",
         model_name=config.model.name,
-        dtype=config.model.dtype,
+        dtype=config.sampler.dtype,
         seed=0,
         stop_token_ids=[tokenizer.eos_token_id],
         pad_token_id=tokenizer.pad_token_id,
@@ -151,7 +159,7 @@ def replay_env(config: Config, trajectories: list[Trajectory]) -> float:
 
 def weight_publish(config: Config, samplers: list, repeats: int) -> tuple[float, float, float]:
     """Median seconds of put+get of the state dict and of a publish to every sampler; payload MB."""
-    payload = pack_state_dict(load_model(config.model.name, config.model.dtype).state_dict(), version=1)
+    payload = pack_state_dict(load_model(config.model.name, config.sampler.dtype).state_dict(), version=1)
     ray.get([s.load_weights.remote([ray.put(payload)]) for s in samplers])  # warm-up
     bare, publish = [], []
     for _ in range(repeats):
@@ -171,10 +179,13 @@ def train_run(mode: str, model: str, iterations: int, root: Path) -> list[dict]:
         f"model.name={model}",
         LEVELS,
         f"trainer.mode={mode}",
+        "warm_start.iterations=0",  # the quickstart preset's SFT warm start is no part of this row
         f"trainer.iterations={iterations}",
         "trainer.tasks_per_iteration=2",
         f"trainer.checkpoint_every={iterations + 1}",
         "algorithm.group_size=4",
+        # tiny-random fails every episode: without this every group would be skipped and nothing trained
+        "algorithm.skip_uniform_groups=false",
         "sampler.envs_per_sampler=8",
         "sampler.sampling.max_new_tokens=16",
         "learner.micro_batch_size=4",
@@ -221,6 +232,15 @@ def main() -> None:
     if [t.token_ids for t in trajectories] != [t.token_ids for t in plain_trajectories]:
         raise RuntimeError("rollout with KV reuse sampled other tokens than without it")
     rollout_tokens = sum(t.num_sampled_tokens for t in trajectories)
+    # tokens/s per sampler.dtype; the sampler above plays with `auto`, i.e. the dtype it resolves to here
+    dtype_rates = {resolve_dtype(config.sampler.dtype): rollout_tokens / rollout_s}
+    for dtype in ("float32", "bfloat16"):
+        if dtype not in dtype_rates:
+            typed = config.model_copy(deep=True)
+            typed.sampler.dtype = dtype
+            typed_trajectories, typed_s, typed_sampler, _ = rollout(typed, tasks, horizon, repeats)
+            ray.kill(typed_sampler)
+            dtype_rates[dtype] = sum(t.num_sampled_tokens for t in typed_trajectories) / typed_s
     bare_s, bare_tokens = bare_generation(config, trajectories, repeats)
     env_s = replay_env(config, trajectories)
     others = [
@@ -238,10 +258,26 @@ def main() -> None:
     put_get_s, publish_s, megabytes = weight_publish(config, [sampler, *others], repeats=3 if args.quick else 10)
     ray.shutdown()
     rows = [
-        ("rollout tokens/s / bare generate tokens/s", (rollout_tokens / rollout_s) / (bare_tokens / bare_s), ">= 0.8"),
-        ("rollout wall / (generate + env)", rollout_s / (bare_s + env_s), "<= 1.05"),
-        ("rollout tokens/s: KV reuse / re-prefill", plain_s / rollout_s, "> 1"),
-        ("publish to 4 samplers / put+get", publish_s / put_get_s, "<= 1.5"),
+        (
+            "rollout_vs_bare_generate",
+            "rollout tokens/s / bare generate tokens/s",
+            (rollout_tokens / rollout_s) / (bare_tokens / bare_s),
+            ">= 0.8",
+        ),
+        (
+            "rollout_wall_vs_generate_plus_env",
+            "rollout wall / (generate + env)",
+            rollout_s / (bare_s + env_s),
+            "<= 1.05",
+        ),
+        ("kv_reuse_vs_reprefill", "rollout tokens/s: KV reuse / re-prefill", plain_s / rollout_s, "> 1"),
+        (
+            "rollout_bf16_vs_float32",
+            "sampler tokens/s bfloat16 / float32",
+            dtype_rates["bfloat16"] / dtype_rates["float32"],
+            "> 1",
+        ),
+        ("publish_vs_put_get", "publish to 4 samplers / put+get", publish_s / put_get_s, "<= 1.5"),
     ]
     train_note = "train runs skipped"
     if not args.skip_train:
@@ -254,25 +290,33 @@ def main() -> None:
         async_iteration = statistics.mean(r["time/iteration_s"] for r in async_[1:])
         sync_iteration = statistics.mean(r["time/iteration_s"] for r in steady_sync)
         rows.insert(
-            3, ("async iteration / max(rollout, update)", async_iteration / max(sync_rollout, sync_update), "<= 1.1")
+            4,
+            (
+                "async_vs_sync",
+                "async iteration / max(rollout, update)",
+                async_iteration / max(sync_rollout, sync_update),
+                "<= 1.1",
+            ),
         )
         train_note = (
             f"sync iteration {sync_iteration:.1f} s = rollout {sync_rollout:.1f} + update {sync_update:.1f} + sync; "
             f"async iteration {async_iteration:.1f} s"
         )
     print(f"{'measure':<45} {'ratio':>8} {'goal':>8}")
-    for name, ratio, goal in rows:
-        print(f"{name:<45} {ratio:>8.2f} {goal:>8}")
+    for _, label, ratio, goal in rows:
+        print(f"{label:<45} {ratio:>8.2f} {goal:>8}")
     print(
         f"({episodes} episodes, horizon {horizon}, {tokens} new tokens/turn on {args.model}: rollout {rollout_s:.2f} s "
         f"for {rollout_tokens} tokens in {stats['generate_calls']} batches ({stats['generate_s']:.2f} s generating, "
         f"{stats['engine_prefill_tokens']} prompt ids prefilled, {stats['engine_reused_tokens']} reused); "
         f"without KV reuse {plain_s:.2f} s ({plain_stats['engine_prefill_tokens']} prefilled); "
         f"bare generate {max(t.num_turns for t in trajectories)} batches, {bare_s:.2f} s for {bare_tokens}; "
-        f"env replay {env_s:.2f} s; "
+        f"env replay {env_s:.2f} s; sampler.dtype auto = {resolve_dtype('auto')} here, "
+        f"tokens/s float32 {dtype_rates['float32']:.0f}, bfloat16 {dtype_rates['bfloat16']:.0f}; "
         f"{train_note}; put+get {put_get_s * 1e3:.1f} ms, publish {publish_s * 1e3:.1f} ms "
         f"of {megabytes:.1f} MB; {os.cpu_count()} CPU cores; {time.perf_counter() - started:.0f} s in all)"
     )
+    print(json.dumps({"ratios": {name: round(ratio, 4) for name, _, ratio, _ in rows}}))
 
 
 if __name__ == "__main__":

@@ -6,13 +6,15 @@ A local Ray instance serves ``tiny-random`` on 127.0.0.1 (Serve's HTTP proxy, th
 and one model replica with dynamic batching). C clients each send chat completions back to back
 (temperature 1, a fixed ``max_tokens``) until a request count or a time budget runs out; the table
 reports requests/s, generated tokens/s, p50/p99 latency, and the ratio of served tokens/s to the
-same engine's tokens/s when this process calls ``generate`` directly on batches of C prompts.
+same engine's tokens/s when this process calls ``generate`` directly on batches of C prompts. The
+output ends with one JSON line of those ratios: ``served_vs_engine_<C>_clients``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import socket
 import statistics
@@ -134,6 +136,8 @@ def main() -> None:
         )
     print("engine tok/s: the same engine's generate() on batches of <clients> prompts in this process (mean of a")
     print("measurement before and one after the served runs); served/engine = served tok/s / engine tok/s")
+    ratios = {f"served_vs_engine_{c}_clients": round(served[c]["tok_s"] / bare[c], 4) for c in CONCURRENCY}
+    print(json.dumps({"ratios": ratios}))
 
 
 if __name__ == "__main__":
