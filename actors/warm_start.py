@@ -54,7 +54,8 @@ def warm_start_config(config: Config) -> Config:
     derived.trainer.mode = "sync"
     derived.trainer.iterations = warm.iterations
     derived.trainer.tasks_per_iteration = warm.tasks_per_iteration
-    derived.trainer.checkpoint_every = warm.iterations
+    # The run's own cadence: a long warm start resumes from its latest checkpoint, not from scratch.
+    derived.trainer.checkpoint_every = min(config.trainer.checkpoint_every, warm.iterations)
     derived.trainer.keep_checkpoints = 1
     derived.serve.enabled = False
     derived.logging.wandb.enabled = False

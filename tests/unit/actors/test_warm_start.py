@@ -13,6 +13,8 @@ def test_warm_start_plays_the_oracle_with_sft_at_the_largest_horizon():
     assert derived.algorithm.name == "sft" and derived.algorithm.group_size == 1
     assert derived.curriculum.schedule == "fixed" and derived.curriculum.horizon == 9
     assert derived.trainer.iterations == 3 and derived.trainer.checkpoint_every == 3
+    long = warm_start_config(load_config(None, ["warm_start.iterations=24", "trainer.checkpoint_every=5"]))
+    assert long.trainer.checkpoint_every == 5 and long.trainer.keep_checkpoints == 1
     assert derived.learner.lr == 1e-4
     assert derived.env.options["oracle"] is True  # the quickstart's warm_start.env_options
     assert derived.warm_start.iterations == 0
