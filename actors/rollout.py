@@ -33,7 +33,8 @@ async def run_episode(
 
     The episode stops when the environment says ``done``, after ``horizon`` replies, or when the
     next turn could overflow ``max_context_tokens`` (``truncated`` with the reason in the last two
-    cases); ``token_ids`` never exceeds the context limit and always ends on a sampled token.
+    cases); ``token_ids`` never exceeds the context limit and always ends on a sampled token. Each turn
+    records the env's state key it acted from and whether its reply hit ``max_new_tokens``.
     """
     first = await reset(task_id)
     messages = [{"role": "system", "content": instruction}, {"role": "user", "content": first.text}]
@@ -44,6 +45,9 @@ async def run_episode(
     turn_spans: list[tuple[int, int]] = []
     actions: list[str] = []
     step_rewards: list[float] = []
+    state_keys: list[str | None] = []
+    turn_capped: list[bool] = []
+    state_key = first.state_key
     weights_version: int | None = None
     done = success = False
     truncation_reason = None
@@ -58,12 +62,15 @@ async def run_episode(
         loss_mask += [1] * len(generation.token_ids)
         logprobs += generation.logprobs
         turn_spans.append((start, len(token_ids)))
+        state_keys.append(state_key)
+        turn_capped.append(generation.finish_reason == "length")
 
         reply = chat.decode_reply(generation.token_ids)
         actions.append(reply)
         messages.append({"role": "assistant", "content": reply})
         result = await step(reply)
         step_rewards.append(result.reward)
+        state_key = result.state_key
         if result.done:
             done = True
             success = bool(result.info.get("success", result.reward > 0))
@@ -94,6 +101,8 @@ async def run_episode(
         messages=messages,
         actions=actions,
         step_rewards=step_rewards,
+        state_keys=state_keys,
+        turn_capped=turn_capped,
         reward=float(sum(step_rewards)),
         success=success,
         done=done,

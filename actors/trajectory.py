@@ -28,6 +28,16 @@ class Trajectory(BaseModel):
     messages: list[dict[str, str]] = Field(description="The conversation as text (for logs and the viewer).")
     actions: list[str] = Field(description="Raw reply text of each turn, as sent to the environment.")
     step_rewards: list[float] = Field(description="Environment reward of each turn.")
+    state_keys: list[str | None] = Field(
+        default_factory=list,
+        description="Digest of the env's state key before each turn (the state the turn acted from; GiGPO's "
+        "anchor states); None where the env has no state key. Empty in records made before it existed.",
+    )
+    turn_capped: list[bool] = Field(
+        default_factory=list,
+        description="Whether each turn's reply was cut by the per-turn token cap (`max_new_tokens`, finish "
+        "reason `length`). Empty in records made before it existed.",
+    )
     reward: float = Field(description="Outcome reward: the sum of step rewards.")
     success: bool
     done: bool = Field(description="The environment ended the episode.")

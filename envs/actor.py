@@ -7,7 +7,7 @@ from typing import Any
 
 import ray
 
-from envs.base import EnvError, Observation, StepResult
+from envs.base import EnvError, Observation, StepResult, state_digest
 from envs.registry import make
 
 
@@ -38,13 +38,18 @@ class EnvHost:
         return list(self.env.tasks(split))
 
     def reset(self, task_id: int) -> Observation:
+        """The env's first observation, with the digest of its ``state_key`` after the reset."""
         observation = self.env.reset(task_id)
         self.has_episode = True
-        return observation
+        return observation.model_copy(update={"state_key": state_digest(self.env.state_key())})
 
     def step(self, action_text: str) -> StepResult:
+        """The env's step result, with the digest of its ``state_key`` after the step (None once done)."""
         self._check_episode()
-        return self.env.step(action_text)
+        result = self.env.step(action_text)
+        if result.done:  # no turn acts from the final state
+            return result
+        return result.model_copy(update={"state_key": state_digest(self.env.state_key())})
 
     def oracle_reply(self) -> str:
         """The oracle's next move as model text: ``Action: <action>`` when the env parses that back to

@@ -254,6 +254,7 @@ class BabyAIEnv(TextEnv):
     """BabyAI levels with AgentGym's text observations and high-level actions."""
 
     name = "babyai"
+    default_max_turns = 20  # the paper's BabyAI evaluation
 
     class Options(BaseModel):
         """Options of the BabyAI environment."""
@@ -391,6 +392,11 @@ class BabyAIEnv(TextEnv):
         reward = self._execute(primitives)
         self._view = self._perceive()
         return self._result(self._view.description + self._ending(), reward=reward, valid=True)
+
+    def state_key(self) -> tuple[Any, ...] | None:
+        """The agent's view, position, direction and carried object (what a primitive can change); None
+        before the first reset."""
+        return self._obs_key if self._env is not None else None
 
     def close(self) -> None:
         """Close every gymnasium env this instance created."""

@@ -8,9 +8,10 @@ that cannot be parsed or executed comes back as an observation that says what wa
 from __future__ import annotations
 
 import abc
+import hashlib
 import re
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Hashable, Sequence
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -44,6 +45,11 @@ class Observation(BaseModel):
 
     text: str = Field(description="Observation text shown to the model.")
     info: dict[str, Any] = Field(default_factory=dict, description="Env-specific extras (level, seed, ...).")
+    state_key: str | None = Field(
+        None,
+        description="Digest of the env's `state_key()` after the reset (filled in by the env host); None when "
+        "the env has no state key.",
+    )
 
 
 class StepResult(BaseModel):
@@ -55,6 +61,11 @@ class StepResult(BaseModel):
     reward: float = Field(description="Reward for this step.")
     done: bool = Field(description="True when the episode has ended (success or failure).")
     info: dict[str, Any] = Field(default_factory=dict, description="Extras: `success`, `action_valid`, ...")
+    state_key: str | None = Field(
+        None,
+        description="Digest of the env's `state_key()` after the step (filled in by the env host); None when "
+        "the env has no state key.",
+    )
 
 
 class InvalidAction(BaseModel):
@@ -73,6 +84,9 @@ class TextEnv(abc.ABC):
     """
 
     name: str = ""
+    default_max_turns: ClassVar[int | None] = None
+    """The env's usual turn limit (the paper's evaluation setting where it has one): gymnasium's
+    ``max_episode_steps`` for the env. None: episodes end on their own."""
 
     @property
     @abc.abstractmethod
@@ -97,3 +111,25 @@ class TextEnv(abc.ABC):
 
     def close(self) -> None:
         """Release resources held by the environment (processes, browsers). Default: nothing."""
+
+    def state_key(self) -> Hashable | None:
+        """A key of the state the agent acts from now (after ``reset`` or the last ``step``): equal keys mean
+        the same state, so turns of a task's episodes that share it are compared by step-level credit
+        (GiGPO's anchor states, arXiv 2505.10978). Default: None, the env cannot tell.
+
+        The key is reduced to a digest of its ``repr`` (:func:`state_digest`), so build it from strings,
+        numbers, bytes and tuples (never sets, whose order changes between processes).
+        """
+        return None
+
+    @classmethod
+    def has_state_key(cls) -> bool:
+        """Whether the env overrides :meth:`state_key`."""
+        return cls.state_key is not TextEnv.state_key
+
+
+def state_digest(key: Hashable | None) -> str | None:
+    """A short, process-independent digest of a ``state_key`` (None stays None)."""
+    if key is None:
+        return None
+    return hashlib.blake2b(repr(key).encode(), digest_size=12).hexdigest()

@@ -114,6 +114,11 @@ class TargetWordEnv(TextEnv):
             info={"success": done and self._correct == len(self._turns), "action_valid": True},
         )
 
+    def state_key(self) -> int | None:
+        """The turn about to be played: the words shown depend on the task and the turn only (None before a
+        reset)."""
+        return self._turn if self._turns else None
+
     def oracle_action(self) -> str:
         """This turn's target."""
         if self._turn >= len(self._turns):

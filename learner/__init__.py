@@ -1,12 +1,15 @@
 """The learner: algorithms (plug-in API), advantage estimators, losses, batching and the learner actor."""
 
 from learner.algorithms import (
+    CISPO,
     GRPO,
+    GSPO,
     PPO,
     RLOO,
     SFT,
     Algorithm,
     AlgorithmParams,
+    GiGPO,
     PolicyGradient,
     PolicyGradientParams,
     ReinforcePP,
@@ -17,12 +20,15 @@ from learner.algorithms import (
 )
 
 __all__ = [
+    "CISPO",
     "GRPO",
+    "GSPO",
     "PPO",
     "RLOO",
     "SFT",
     "Algorithm",
     "AlgorithmParams",
+    "GiGPO",
     "PolicyGradient",
     "PolicyGradientParams",
     "ReinforcePP",

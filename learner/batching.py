@@ -15,10 +15,15 @@ def collate(trajectories: list[Trajectory], pad_token_id: int) -> dict[str, torc
     """Right-pad ``trajectories`` into one batch.
 
     Returns a dict with ``input_ids`` and ``attention_mask`` of shape (B, L); ``loss_mask``,
-    ``sampler_logprobs`` and ``token_rewards`` of shape (B, L-1), aligned with next-token targets
-    (position t predicts token t+1); ``rewards``, ``groups`` and ``truncated`` of shape (B,).
+    ``sampler_logprobs``, ``token_rewards``, ``turn_ids``, ``state_ids`` and ``turn_capped`` of shape
+    (B, L-1), aligned with next-token targets (position t predicts token t+1); ``rewards``, ``groups``
+    and ``truncated`` of shape (B,).
     Each turn's environment reward sits on the last sampled token of that turn's reply (never on
-    an environment token), so the rewards on a row sum to the episode's outcome.
+    an environment token), so the rewards on a row sum to the episode's outcome. ``turn_ids`` is the
+    turn's index (0, 1, ...) on its reply tokens and -1 elsewhere; ``state_ids`` numbers the distinct
+    env state keys of the batch (equal keys, equal ids) on the reply tokens of the turn that acted from
+    that state, -1 where there is none; ``turn_capped`` is 1 on the last token of a reply cut by the
+    per-turn token cap.
     """
     batch = len(trajectories)
     width = max(len(t.token_ids) for t in trajectories)
@@ -27,6 +32,10 @@ def collate(trajectories: list[Trajectory], pad_token_id: int) -> dict[str, torc
     loss_mask = torch.zeros((batch, width - 1), dtype=torch.float32)
     sampler_logprobs = torch.zeros((batch, width - 1), dtype=torch.float32)
     token_rewards = torch.zeros((batch, width - 1), dtype=torch.float32)
+    turn_ids = torch.full((batch, width - 1), -1, dtype=torch.long)
+    state_ids = torch.full((batch, width - 1), -1, dtype=torch.long)
+    turn_capped = torch.zeros((batch, width - 1), dtype=torch.float32)
+    states: dict[str, int] = {}  # state-key digest -> id, in order of first appearance
     for row, traj in enumerate(trajectories):
         n = len(traj.token_ids)
         input_ids[row, :n] = torch.tensor(traj.token_ids)
@@ -37,12 +46,22 @@ def collate(trajectories: list[Trajectory], pad_token_id: int) -> dict[str, torc
         for (start, end), reward in zip(traj.turn_spans, traj.step_rewards, strict=False):
             if end > start:
                 token_rewards[row, end - 2] += reward  # token end-1 is predicted at position end-2
+        for turn, (start, end) in enumerate(traj.turn_spans):
+            turn_ids[row, start - 1 : end - 1] = turn  # reply tokens start..end-1 sit at start-1..end-2
+            key = traj.state_keys[turn] if turn < len(traj.state_keys) else None
+            if key is not None:
+                state_ids[row, start - 1 : end - 1] = states.setdefault(key, len(states))
+            if end > start and turn < len(traj.turn_capped) and traj.turn_capped[turn]:
+                turn_capped[row, end - 2] = 1.0
     return {
         "input_ids": input_ids,
         "attention_mask": attention,
         "loss_mask": loss_mask,
         "sampler_logprobs": sampler_logprobs,
         "token_rewards": token_rewards,
+        "turn_ids": turn_ids,
+        "state_ids": state_ids,
+        "turn_capped": turn_capped,
         "rewards": torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
         "groups": torch.tensor([t.group for t in trajectories], dtype=torch.long),
         "truncated": torch.tensor([t.truncated for t in trajectories], dtype=torch.bool),

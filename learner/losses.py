@@ -11,6 +11,7 @@ import torch
 
 KLEstimator = Literal["k1", "k2", "k3"]
 Aggregation = Literal["token_mean", "seq_mean"]
+RolloutCorrection = Literal["none", "tis", "mis"]
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -37,19 +38,22 @@ def clipped_policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
-    clip_eps: float,
+    clip_low: float,
+    clip_high: float,
     dual_clip: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's clipped surrogate per token (Schulman et al. 2017), as a loss to minimise.
 
-    With ``dual_clip = c > 1`` the loss of a negative-advantage token is also capped at -c * A
-    (Ye et al. 2020), so a huge ratio on a bad token cannot dominate the update.
+    The ratio is clipped to [1 - clip_low, 1 + clip_high]; equal bounds are PPO's, a larger
+    ``clip_high`` is DAPO's clip-higher (Yu et al. 2025, arXiv 2503.14476), which leaves more room to
+    raise unlikely tokens. With ``dual_clip = c > 1`` the loss of a negative-advantage token is also
+    capped at -c * A (Ye et al. 2020), so a huge ratio on a bad token cannot dominate the update.
 
     Args:
         logprobs: (B, T) current policy log-probabilities (with grad).
         old_logprobs: (B, T) log-probabilities of the policy that sampled the data.
         advantages: (B, T) per-token advantages.
-        clip_eps: ratio clip epsilon.
+        clip_low, clip_high: the ratio's clip range below and above 1.
         dual_clip: optional dual-clip constant c > 1.
 
     Returns:
@@ -57,7 +61,7 @@ def clipped_policy_loss(
     """
     ratio = torch.exp(logprobs - old_logprobs)
     unclipped = -ratio * advantages
-    clipped = -torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
+    clipped = -torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
     loss = torch.maximum(unclipped, clipped)
     active = clipped > unclipped
     if dual_clip is not None:
@@ -66,6 +70,105 @@ def clipped_policy_loss(
         loss = torch.where(dual, cap, loss)
         active = active | dual
     return loss, active.float()
+
+
+def sequence_ratios(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GSPO's sequence importance ratio s = exp(mean over sampled tokens of (logp - old_logp)), the
+    length-normalised (geometric-mean) likelihood ratio of the whole episode; 1 for a row without sampled
+    tokens. (B, T) -> (B,)"""
+    m = mask.to(logprobs.dtype)
+    mean_log_ratio = ((logprobs - old_logprobs) * m).sum(-1) / m.sum(-1).clamp(min=1.0)
+    return torch.exp(mean_log_ratio)
+
+
+def gspo_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GSPO's clipped surrogate (Zheng et al. 2025, arXiv 2507.18071) in its GSPO-token form, per token.
+
+    Every sampled token of a row uses the row's sequence ratio s (:func:`sequence_ratios`) as its ratio,
+    s_t = sg(s) * pi(y_t) / sg(pi(y_t)): equal to s in value, with the gradient of s * log pi(y_t). The
+    clip to [1 - clip_low, 1 + clip_high] acts on s, so a whole episode is clipped or not; with one
+    advantage per episode and ``seq_mean`` aggregation this is GSPO's sequence-level objective exactly.
+    The paper's clip range is tiny (3e-4 below, 4e-4 above) because s averages over the episode.
+
+    Args:
+        logprobs: (B, T) current policy log-probabilities (with grad).
+        old_logprobs: (B, T) log-probabilities of the policy that sampled the data.
+        advantages: (B, T) per-token advantages.
+        mask: (B, T) 1 on sampled tokens.
+        clip_low, clip_high: the sequence ratio's clip range below and above 1.
+
+    Returns:
+        ((B, T) loss, (B, T) float mask of tokens where the clip was active).
+    """
+    seq_ratio = sequence_ratios(logprobs, old_logprobs, mask)  # (B,)
+    ratio = seq_ratio.detach()[:, None] * torch.exp(logprobs - logprobs.detach())  # (B, T), value s per row
+    unclipped = -ratio * advantages
+    clipped = -torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
+    return torch.maximum(unclipped, clipped), (clipped > unclipped).float()
+
+
+def cispo_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """CISPO (MiniMax-M1, arXiv 2506.13585): REINFORCE weighted by the clipped importance weight.
+
+    loss_t = -sg(clip(r_t, 1 - clip_low, 1 + clip_high)) * A_t * log pi(y_t): the weight is clipped and
+    detached, so a token whose ratio left the range still gets a gradient (PPO's clip would drop it).
+    At r = 1 the gradient equals PPO's.
+
+    Args:
+        logprobs: (B, T) current policy log-probabilities (with grad).
+        old_logprobs: (B, T) log-probabilities of the policy that sampled the data.
+        advantages: (B, T) per-token advantages.
+        clip_low, clip_high: the weight's clip range below and above 1 (clip_low = 1: no lower bound).
+
+    Returns:
+        ((B, T) loss, (B, T) float mask of tokens whose weight was clipped).
+    """
+    ratio = torch.exp(logprobs - old_logprobs).detach()
+    weight = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    return -weight * advantages * logprobs, (weight != ratio).float()
+
+
+def rollout_correction_weights(
+    old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mode: RolloutCorrection, cap: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token importance weights that correct for the sampler's policy differing from the learner's
+    (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training"; verl's
+    ``rollout_is``).
+
+    With rho = exp(old_logp - sampler_logp), the learner's over the sampler's probability of the sampled
+    token: ``tis`` (truncated importance sampling) weighs each token by min(rho, cap); ``mis`` (masked
+    importance sampling) by rho where rho <= cap and 0 where it exceeds the cap (the token leaves the
+    loss); ``none`` by 1.
+
+    Args:
+        old_logprobs: (B, T) the learner's log-probabilities of the sampled tokens before the update.
+        sampler_logprobs: (B, T) the sampler's log-probabilities of the same tokens.
+        mode: ``none``, ``tis`` or ``mis``.
+        cap: the ratio's cap C > 1.
+
+    Returns:
+        ((B, T) weights, detached; (B, T) float mask of tokens that were truncated or masked).
+    """
+    if mode == "none":
+        return torch.ones_like(old_logprobs), torch.zeros_like(old_logprobs)
+    rho = torch.exp(old_logprobs - sampler_logprobs).detach()
+    over = rho > cap
+    if mode == "tis":
+        return torch.clamp(rho, max=cap), over.float()
+    return torch.where(over, torch.zeros_like(rho), rho), over.float()
 
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: KLEstimator) -> torch.Tensor:

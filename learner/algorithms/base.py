@@ -25,6 +25,10 @@ REWARDS = "rewards"
 GROUPS = "groups"
 TRUNCATED = "truncated"
 TOKEN_REWARDS = "token_rewards"
+SAMPLER_LOGPROBS = "sampler_logprobs"
+TURN_IDS = "turn_ids"
+STATE_IDS = "state_ids"
+TURN_CAPPED = "turn_capped"
 ADVANTAGES = "advantages"
 RETURNS = "returns"
 OLD_LOGPROBS = "old_logprobs"
@@ -86,6 +90,18 @@ class Algorithm(abc.ABC):
         just before ``compute_loss`` instead of scoring the batch in a pass of its own. True by default,
         the safe answer for an algorithm that does not say."""
         return self.uses_old_logprobs
+
+    @property
+    def uses_state_keys(self) -> bool:
+        """Whether the advantages read the env's per-turn state keys (``state_ids``); the driver warns at start
+        about an env that supplies none."""
+        return False
+
+    @property
+    def corrects_rollout_mismatch(self) -> bool:
+        """Whether the loss weighs tokens by the learner's old log-prob against the sampler's (which is
+        meaningless when the old log-probs are the sampler's own, ``learner.old_logprobs: sampler``)."""
+        return False
 
     def select_trajectories(self, trajectories: list[Trajectory]) -> list[Trajectory]:
         """The rows the learner trains on, in order; by default every trajectory once.

@@ -6,19 +6,21 @@ import torch
 from pydantic import Field
 from typing_extensions import override
 
-from learner.advantages import grpo_advantages
-from learner.algorithms.base import GROUPS, LOSS_MASK, REWARDS, register_algorithm
-from learner.algorithms.policy_gradient import GroupRelative, GroupRelativeParams
+from learner.advantages import grpo_advantages, grpo_turn_advantages, spread_turns
+from learner.algorithms.base import GROUPS, LOSS_MASK, REWARDS, TURN_IDS, register_algorithm
+from learner.algorithms.policy_gradient import GroupRelative, GroupRelativeParams, TurnCreditParams
 
 
-class GRPOParams(GroupRelativeParams):
+class GRPOParams(GroupRelativeParams, TurnCreditParams):
     adv_eps: float = Field(1e-6, gt=0.0, description="Added to the group std when normalising advantages.")
     normalize_std: bool = Field(True, description="Divide by the group std (False: the Dr. GRPO variant).")
 
 
 @register_algorithm
 class GRPO(GroupRelative):
-    """Every sampled token of an episode gets the episode's group-normalised outcome advantage."""
+    """Every sampled token of an episode gets the episode's group-normalised outcome advantage; with
+    ``credit=turn`` every token of turn k gets its turn-level return normalised by the group's statistics
+    of episode returns (:func:`learner.advantages.grpo_turn_advantages`)."""
 
     name = "grpo"
     Config = GRPOParams
@@ -26,5 +28,9 @@ class GRPO(GroupRelative):
 
     @override
     def estimate_advantages(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.config.credit == "turn":
+            returns = self.turn_returns(batch, self.config.turn_gamma)  # (B, K)
+            per_turn = grpo_turn_advantages(returns, batch[GROUPS], self.config.adv_eps, self.config.normalize_std)
+            return spread_turns(per_turn, batch[TURN_IDS])  # (B, T)
         per_episode = grpo_advantages(batch[REWARDS], batch[GROUPS], self.config.adv_eps, self.config.normalize_std)
         return per_episode[:, None] * batch[LOSS_MASK]  # (B, T)

@@ -1,8 +1,9 @@
-"""Shared machinery of the policy-gradient algorithms (GRPO, RLOO, REINFORCE++, PPO).
+"""Shared machinery of the policy-gradient algorithms (GRPO, RLOO, REINFORCE++, PPO, GiGPO, GSPO, CISPO).
 
 Subclasses implement one hook, ``estimate_advantages``; this base applies the configured treatment
-of truncated episodes and the KL-as-reward penalty first, and its loss is the clipped surrogate
-plus the KL loss term and the entropy bonus.
+of truncated episodes, the overlong penalty and the KL-as-reward penalty first, and its loss is the
+chosen surrogate (PPO's clip, GSPO's sequence clip or CISPO's clipped weight), optionally weighted
+against the sampler/learner mismatch, plus the KL loss term and the entropy bonus.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ import abc
 from typing import TYPE_CHECKING, Literal
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 from typing_extensions import override
 
-from learner.advantages import uniform_groups
+from learner.advantages import discounted_turn_returns, turn_rewards, uniform_groups
 from learner.algorithms.base import (
     ADVANTAGES,
     ENTROPY,
@@ -23,20 +24,68 @@ from learner.algorithms.base import (
     OLD_LOGPROBS,
     REF_LOGPROBS,
     REWARDS,
+    SAMPLER_LOGPROBS,
     TOKEN_REWARDS,
     TRUNCATED,
+    TURN_CAPPED,
+    TURN_IDS,
     Algorithm,
     AlgorithmParams,
 )
-from learner.losses import aggregate, clipped_policy_loss, kl_penalty, masked_mean
+from learner.losses import (
+    aggregate,
+    cispo_policy_loss,
+    clipped_policy_loss,
+    gspo_policy_loss,
+    kl_penalty,
+    masked_mean,
+    rollout_correction_weights,
+)
 
 if TYPE_CHECKING:
     from actors.trajectory import Trajectory
 
 
 class PolicyGradientParams(AlgorithmParams):
-    clip_eps: float = Field(0.2, gt=0.0, description="Ratio clip epsilon of the surrogate objective.")
-    dual_clip: float | None = Field(None, gt=1.0, description="Dual-clip constant c > 1 for negative advantages.")
+    clip_eps: float = Field(
+        0.2, gt=0.0, description="Ratio clip epsilon of the surrogate objective (both sides unless clip_low/high)."
+    )
+    clip_low: float | None = Field(
+        None,
+        gt=0.0,
+        le=1.0,
+        description="Clip range below 1 (the ratio's lower bound is 1 - clip_low); None: clip_eps.",
+    )
+    clip_high: float | None = Field(
+        None,
+        gt=0.0,
+        description="Clip range above 1 (upper bound 1 + clip_high); None: clip_eps. DAPO's clip-higher "
+        "(arXiv 2503.14476) sets it above clip_low, e.g. 0.28 with 0.2.",
+    )
+    dual_clip: float | None = Field(
+        None, gt=1.0, description="Dual-clip constant c > 1 for negative advantages (policy_loss=ppo only)."
+    )
+    policy_loss: Literal["ppo", "gspo", "cispo"] = Field(
+        "ppo",
+        description="Surrogate: `ppo` (per-token ratio, clipped), `gspo` (one length-normalised ratio per "
+        "episode, clipped; arXiv 2507.18071) or `cispo` (REINFORCE weighted by the clipped, detached ratio; "
+        "arXiv 2506.13585). The clip range is clip_low/clip_high either way.",
+    )
+    rollout_correction: Literal["none", "tis", "mis"] = Field(
+        "none",
+        description="Importance weight of each token against the sampler's log-prob (the learner's old over the "
+        "sampler's probability): `tis` truncates it at rollout_correction_cap, `mis` drops tokens above the cap; "
+        "`none` trusts the sampler. Needs learner.old_logprobs auto or recompute.",
+    )
+    rollout_correction_cap: float = Field(
+        2.0, gt=1.0, description="The cap C of the rollout correction's ratio (Yao et al. 2025 use 2)."
+    )
+    overlong_penalty: float = Field(
+        0.0,
+        ge=0.0,
+        description="Subtracted from the reward of every turn whose reply was cut by sampler.sampling."
+        "max_new_tokens (DAPO's overlong shaping, per turn); 0: off.",
+    )
     kl_coef: float = Field(0.001, ge=0.0, description="KL-to-reference weight; 0 drops the reference model.")
     kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator (k3: low variance).")
     kl_mode: Literal["loss", "reward"] = Field(
@@ -48,6 +97,38 @@ class PolicyGradientParams(AlgorithmParams):
         description="Episodes cut by the horizon or context: keep their reward, set it to 0, or leave them "
         "out of the loss.",
     )
+
+    @model_validator(mode="after")
+    def _dual_clip_fits_the_loss(self) -> PolicyGradientParams:
+        if self.dual_clip is not None and self.policy_loss != "ppo":
+            raise ValueError(
+                f"dual_clip applies to policy_loss=ppo only (got policy_loss={self.policy_loss}); unset dual_clip"
+            )
+        return self
+
+    @property
+    def clip_range(self) -> tuple[float, float]:
+        """(clip_low, clip_high) with clip_eps standing in for an unset side."""
+        low = self.clip_eps if self.clip_low is None else self.clip_low
+        high = self.clip_eps if self.clip_high is None else self.clip_high
+        return low, high
+
+
+class TurnCreditParams(BaseModel):
+    """``credit`` and ``turn_gamma``: mixed into the configs of GRPO, RLOO and REINFORCE++."""
+
+    credit: Literal["outcome", "turn"] = Field(
+        "outcome",
+        description="`outcome`: the algorithm's own credit from the episode's rewards; `turn`: every token of "
+        "turn k gets the turn-level return G_k = r_k + turn_gamma * G_{k+1} from the per-turn rewards.",
+    )
+    turn_gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount per turn of credit=turn.")
+
+    @model_validator(mode="after")
+    def _turn_gamma_needs_turn_credit(self) -> TurnCreditParams:
+        if self.turn_gamma != 1.0 and self.credit != "turn":
+            raise ValueError("turn_gamma discounts turn-level returns; set credit=turn or unset turn_gamma")
+        return self
 
 
 class PolicyGradient(Algorithm):
@@ -67,9 +148,29 @@ class PolicyGradient(Algorithm):
         # Only the KL-as-reward penalty, subtracted from the rewards before the advantages, reads them.
         return self.config.kl_mode == "reward" and self.needs_reference
 
+    @property
+    @override
+    def corrects_rollout_mismatch(self) -> bool:
+        return self.config.rollout_correction != "none"
+
     @abc.abstractmethod
     def estimate_advantages(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Per-token advantages (B, T) from the shaped rewards in ``batch``."""
+
+    def turn_returns(self, batch: dict[str, torch.Tensor], gamma: float) -> torch.Tensor:
+        """(B, K) discounted turn-level returns of the shaped per-turn rewards in ``batch``."""
+        return discounted_turn_returns(turn_rewards(batch[TOKEN_REWARDS], batch[TURN_IDS]), gamma)
+
+    def shaped_turn_rewards(self, trajectory: Trajectory) -> list[float]:
+        """Each turn's reward of ``trajectory`` as ``compute_advantages`` shapes it (``truncated=zero_reward``
+        and ``overlong_penalty``; the KL-as-reward penalty, which needs the model, left out)."""
+        zero = self.config.truncated == "zero_reward" and trajectory.truncated
+        capped = trajectory.turn_capped + [False] * (len(trajectory.step_rewards) - len(trajectory.turn_capped))
+        penalty = self.config.overlong_penalty
+        return [
+            (0.0 if zero else reward) - (penalty if cut else 0.0)
+            for reward, cut in zip(trajectory.step_rewards, capped)
+        ]
 
     @override
     def compute_advantages(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -79,6 +180,11 @@ class PolicyGradient(Algorithm):
             batch[TOKEN_REWARDS] = batch[TOKEN_REWARDS] * (~truncated)[:, None]
         elif self.config.truncated == "drop":
             batch[LOSS_MASK] = batch[LOSS_MASK] * (~truncated)[:, None]
+        if self.config.overlong_penalty > 0:
+            # On the last token of each cut reply, where that turn's reward sits.
+            overlong = self.config.overlong_penalty * batch[TURN_CAPPED]
+            batch[TOKEN_REWARDS] = batch[TOKEN_REWARDS] - overlong
+            batch[REWARDS] = batch[REWARDS] - overlong.sum(-1)
         if self.config.kl_mode == "reward" and self.needs_reference:
             penalty = (
                 self.config.kl_coef
@@ -89,17 +195,37 @@ class PolicyGradient(Algorithm):
             batch[REWARDS] = batch[REWARDS] - penalty.sum(-1)
         return self.estimate_advantages(batch) * batch[LOSS_MASK]
 
+    def surrogate(self, batch: dict[str, torch.Tensor], logprobs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The configured surrogate's per-token loss and clip mask, both (B, T)."""
+        low, high = self.config.clip_range
+        old, advantages = batch[OLD_LOGPROBS], batch[ADVANTAGES]
+        if self.config.policy_loss == "gspo":
+            return gspo_policy_loss(logprobs, old, advantages, batch[LOSS_MASK], low, high)
+        if self.config.policy_loss == "cispo":
+            return cispo_policy_loss(logprobs, old, advantages, low, high)
+        return clipped_policy_loss(logprobs, old, advantages, low, high, self.config.dual_clip)
+
     def policy_loss(
         self, batch: dict[str, torch.Tensor], forward_out: dict[str, torch.Tensor]
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """Clipped surrogate + KL loss term - entropy bonus, reduced with ``config.aggregation``."""
+        """Surrogate (rollout-corrected) + KL loss term - entropy bonus, reduced with ``config.aggregation``."""
         mask = batch[LOSS_MASK]
         logprobs = forward_out[LOGPROBS]
-        pg, clipped = clipped_policy_loss(
-            logprobs, batch[OLD_LOGPROBS], batch[ADVANTAGES], self.config.clip_eps, self.config.dual_clip
-        )
-        per_token = pg
+        pg, clipped = self.surrogate(batch, logprobs)
         metrics: dict[str, float] = {}
+        if self.config.rollout_correction != "none":
+            weights, capped = rollout_correction_weights(
+                batch[OLD_LOGPROBS],
+                batch[SAMPLER_LOGPROBS],
+                self.config.rollout_correction,
+                self.config.rollout_correction_cap,
+            )
+            pg = pg * weights
+            ratio = torch.exp(batch[OLD_LOGPROBS] - batch[SAMPLER_LOGPROBS])
+            metrics["learner/rollout_is_ratio_mean"] = float(masked_mean(ratio, mask))
+            metrics["learner/rollout_is_weight_mean"] = float(masked_mean(weights, mask))
+            metrics["learner/rollout_is_capped_frac"] = float(masked_mean(capped, mask))
+        per_token = pg
         if self.config.kl_mode == "loss" and self.needs_reference:
             kl = kl_penalty(logprobs, batch[REF_LOGPROBS], self.config.kl_estimator)
             per_token = per_token + self.config.kl_coef * kl
@@ -118,12 +244,23 @@ class PolicyGradient(Algorithm):
         return self.policy_loss(batch, forward_out)
 
 
+def turn_level_returns(rewards: list[float], gamma: float) -> list[float]:
+    """G_k = r_k + gamma * G_{k+1} of one episode's per-turn ``rewards`` (the list form of
+    :func:`learner.advantages.discounted_turn_returns`, for choosing trajectories before collating)."""
+    returns, running = [], 0.0
+    for reward in reversed(rewards):
+        running = reward + gamma * running
+        returns.append(running)
+    return returns[::-1]
+
+
 class GroupRelativeParams(PolicyGradientParams):
     skip_uniform_groups: bool = Field(
         True,
-        description="Leave groups whose episodes all got the same reward out of the update (no forward or "
-        "backward): their advantages are all 0, so only the KL and entropy terms would act (DAPO's dynamic-"
-        "sampling filter). Not applied with the KL-as-reward penalty (kl_mode=reward), which makes rewards differ.",
+        description="Leave groups whose episodes all got the same reward (for turn-level credit: whose turns "
+        "all got the same return) out of the update (no forward or backward): their advantages are all 0, so "
+        "only the KL and entropy terms would act (DAPO's dynamic-sampling filter). Not applied with the "
+        "KL-as-reward penalty (kl_mode=reward), which makes rewards differ.",
     )
 
     @model_validator(mode="after")
@@ -141,7 +278,7 @@ class GroupRelativeParams(PolicyGradientParams):
 
 
 class GroupRelative(PolicyGradient):
-    """Base of the algorithms whose advantages compare the episodes of a task's group (GRPO, RLOO)."""
+    """Base of the algorithms whose advantages compare the episodes of a task's group (GRPO, RLOO, GiGPO)."""
 
     Config = GroupRelativeParams
     config: GroupRelativeParams
@@ -151,13 +288,30 @@ class GroupRelative(PolicyGradient):
     def skips_uninformative_groups(self) -> bool:
         return self.config.skip_uniform_groups and not self.config.kl_shapes_rewards
 
+    def compared_values(self, trajectory: Trajectory) -> list[list[float]]:
+        """What the advantages compare across a group, one list per kind of quantity: here the episode's
+        shaped reward, or its turn-level returns with ``credit=turn``. A group carries no signal when every
+        kind's values are equal across its episodes."""
+        rewards = self.shaped_turn_rewards(trajectory)
+        if isinstance(self.config, TurnCreditParams) and self.config.credit == "turn":
+            return [turn_level_returns(rewards, self.config.turn_gamma)]
+        zero = self.config.truncated == "zero_reward" and trajectory.truncated
+        # The recorded outcome, less the overlong penalties (a sum of step rewards could round differently).
+        overlong = self.config.overlong_penalty * sum(trajectory.turn_capped)
+        return [[(0.0 if zero else trajectory.reward) - overlong]]
+
     @override
     def select_trajectories(self, trajectories: list[Trajectory]) -> list[Trajectory]:
-        """Every trajectory, less the groups whose rewards (as the advantages see them) are all equal when
+        """Every trajectory, less the groups that carry no signal (:meth:`compared_values`) when
         ``skip_uniform_groups`` applies."""
         if not trajectories or not self.skips_uninformative_groups:
             return trajectories
-        zero_truncated = self.config.truncated == "zero_reward"
-        rewards = torch.tensor([0.0 if zero_truncated and t.truncated else t.reward for t in trajectories])
-        uniform = uniform_groups(rewards, torch.tensor([t.group for t in trajectories]))
-        return [t for t, skip in zip(trajectories, uniform.tolist(), strict=True) if not skip]
+        compared = [self.compared_values(t) for t in trajectories]
+        informative: set[int] = set()
+        for kind in range(len(compared[0])):
+            values = [v for per_trajectory in compared for v in per_trajectory[kind]]
+            groups = [t.group for t, per in zip(trajectories, compared, strict=True) for _ in per[kind]]
+            if values:
+                uniform = uniform_groups(torch.tensor(values), torch.tensor(groups))
+                informative |= {g for g, flat in zip(groups, uniform.tolist(), strict=True) if not flat}
+        return [t for t in trajectories if t.group in informative]

@@ -6,7 +6,7 @@ from actors.chat import ChatFormat
 from actors.engines import make_engine
 from actors.rollout import run_episode
 from configs.schema import SamplingConfig
-from envs import make
+from envs.actor import EnvHost
 
 
 def _play(tokenizer, *, horizon, max_context_tokens, max_new_tokens=12):
@@ -18,7 +18,8 @@ def _play(tokenizer, *, horizon, max_context_tokens, max_new_tokens=12):
         stop_token_ids=[tokenizer.eos_token_id],
         pad_token_id=tokenizer.pad_token_id,
     )
-    env = make("babyai", {"levels": ["GoToRedBall"]})
+    # The host an env actor runs, used in-process: it stamps each observation with the env's state key.
+    env = EnvHost("babyai", {"levels": ["GoToRedBall"]})
     returned = []  # what the engine handed back, turn by turn
 
     async def generate(prompt):
@@ -35,7 +36,7 @@ def _play(tokenizer, *, horizon, max_context_tokens, max_new_tokens=12):
     trajectory = asyncio.run(
         run_episode(
             env_name="babyai",
-            instruction=env.instruction,
+            instruction=env.instruction(),
             reset=reset,
             step=step,
             generate=generate,
@@ -72,3 +73,15 @@ def test_context_limit_truncates_before_overflowing(tokenizer):
     assert trajectory.truncated and trajectory.truncation_reason == "context"
     assert len(trajectory.token_ids) <= 700
     assert trajectory.num_turns == len(returned)
+
+
+def test_each_turn_records_the_state_it_acted_from_and_whether_its_reply_hit_the_cap(tokenizer):
+    trajectory, returned = _play(tokenizer, horizon=3, max_context_tokens=4096, max_new_tokens=6)
+    assert trajectory.turn_capped == [g.finish_reason == "length" for g in returned]
+    assert any(trajectory.turn_capped)  # tiny-random rarely stops within 6 tokens
+    # the first turn acts from the reset state; the env is replayed to read the later ones
+    replay = EnvHost("babyai", {"levels": ["GoToRedBall"]})
+    expected = [replay.reset(trajectory.task_id).state_key]
+    for action in trajectory.actions[:-1]:
+        expected.append(replay.step(action).state_key)
+    assert trajectory.state_keys == expected and None not in expected

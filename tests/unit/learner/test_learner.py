@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from actors.models import load_model
+from actors.trajectory import Trajectory
 from configs import Config
 from configs.loader import apply_override
 from learner.actor import LearnerActor
@@ -15,7 +16,31 @@ ALGORITHMS = {
     "reinforce_pp": ["algorithm.gamma=0.9", "algorithm.kl_estimator=k2"],
     "ppo": ["algorithm.lam=0.9", "algorithm.dual_clip=3.0"],
     "sft": [],
+    "gigpo": ["algorithm.gamma=0.9", "algorithm.entropy_coef=0.01"],
+    "gspo": ["algorithm.entropy_coef=0.01"],
+    "cispo": ["algorithm.entropy_coef=0.01"],
 }
+# Every policy-gradient option on top of an algorithm: (algorithm, overrides).
+OPTIONS = [
+    ("grpo", ["algorithm.credit=turn", "algorithm.turn_gamma=0.9"]),
+    ("rloo", ["algorithm.credit=turn", "algorithm.turn_gamma=0.9"]),
+    ("reinforce_pp", ["algorithm.gamma=1.0", "algorithm.credit=turn", "algorithm.turn_gamma=0.8"]),
+    ("grpo", ["algorithm.clip_low=0.2", "algorithm.clip_high=0.28"]),
+    ("grpo", ["algorithm.rollout_correction=tis"]),
+    ("grpo", ["algorithm.rollout_correction=mis", "algorithm.rollout_correction_cap=1.5"]),
+    ("grpo", ["algorithm.overlong_penalty=0.5"]),
+    ("rloo", ["algorithm.policy_loss=gspo", "algorithm.aggregation=seq_mean"]),
+    ("ppo", ["algorithm.policy_loss=cispo", "algorithm.dual_clip=null", "algorithm.clip_low=1.0"]),
+]
+
+
+def keyed_batch() -> list[Trajectory]:
+    """``batch_of()`` with env state keys (the two turns of a group's episodes share the first state) and
+    the second reply of every other episode cut by the token cap."""
+    return [
+        t.model_copy(update={"state_keys": ["start", f"after-{k % 2}"], "turn_capped": [False, k % 2 == 0]})
+        for k, t in enumerate(batch_of())
+    ]
 
 
 def make_learner(algorithm: str, *overrides: str, sampler_dtype: str = "float32") -> LearnerActor:
@@ -66,11 +91,18 @@ def test_packing_gives_the_same_loss_and_gradients_as_padding(algorithm, aggrega
         assert torch.allclose(grads_pack[name], grads_pad[name], rtol=1e-3, atol=1e-6), name
 
 
-def test_micro_batching_does_not_change_the_gradient():
-    trajectories = batch_of()
+@pytest.mark.parametrize(
+    ("algorithm", "overrides"),
+    [("grpo", []), ("gspo", []), ("cispo", ["algorithm.rollout_correction=tis"]), ("gigpo", [])],
+)
+def test_micro_batching_does_not_change_the_gradient(algorithm, overrides):
+    """One micro-batch of the whole batch reduces over every token (or episode) of it; micro-batches of one
+    episode, each weighted by its share of the tokens (episodes), give the same gradient: the token mean
+    is over the batch, never a mean of micro-batch means."""
+    trajectories = keyed_batch()
     grads = []
     for size in (1, 9):
-        learner = make_learner("grpo", f"learner.micro_batch_size={size}")
+        learner = make_learner(algorithm, f"learner.micro_batch_size={size}", *overrides)
         learner.accumulate_gradients(learner.prepare(trajectories), torch.arange(len(trajectories)))
         grads.append(gradients(learner))
     for name in grads[0]:
@@ -88,8 +120,21 @@ def test_every_algorithm_updates_the_policy(algorithm):
     assert any(not torch.equal(before[k], v) for k, v in learner.policy.state_dict().items())
     if algorithm == "ppo":
         assert "learner/value_loss" in metrics and learner.critic is not None
-    if algorithm in ("grpo", "reinforce_pp", "ppo", "rloo"):
+    if algorithm in ("grpo", "reinforce_pp", "ppo", "rloo", "gigpo", "gspo", "cispo"):
         assert learner.reference is not None
+
+
+@pytest.mark.parametrize(("algorithm", "overrides"), OPTIONS)
+def test_policy_gradient_options_train_with_finite_losses_and_gradients(algorithm, overrides):
+    learner = make_learner(algorithm, *overrides, "learner.minibatches=2")
+    before = {k: v.clone() for k, v in learner.policy.state_dict().items()}
+    metrics = learner.update_batch(keyed_batch())
+    assert metrics["learner/optimizer_steps"] == 2
+    assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
+    assert metrics["learner/grad_norm"] > 0
+    assert any(not torch.equal(before[k], v) for k, v in learner.policy.state_dict().items())
+    if "rollout_correction" in " ".join(overrides):
+        assert 0 < metrics["learner/rollout_is_weight_mean"]
 
 
 def test_sft_lowers_the_nll_of_its_data():
