@@ -3,11 +3,12 @@
     python benchmarks/serve.py [--quick]
 
 A local Ray instance serves ``tiny-random`` on 127.0.0.1 (Serve's HTTP proxy, the FastAPI ingress
-and one model replica with dynamic batching). C clients each send chat completions back to back
+and one model replica with continuous batching). C clients each send chat completions back to back
 (temperature 1, a fixed ``max_tokens``) until a request count or a time budget runs out; the table
-reports requests/s, generated tokens/s, p50/p99 latency, and the ratio of served tokens/s to the
-same engine's tokens/s when this process calls ``generate`` directly on batches of C prompts. The
-output ends with one JSON line of those ratios: ``served_vs_engine_<C>_clients``.
+reports requests/s, generated tokens/s, p50/p99 latency, failed requests, and the ratio of served
+tokens/s to the same engine's tokens/s when this process calls ``generate`` directly on batches of C
+prompts (no HTTP, no scheduling: the ceiling). The last line is JSON:
+``{"ratios": {"served_vs_engine_c1": ..., "served_vs_engine_c8": ..., "served_vs_engine_c32": ...}, "errors": N}``.
 """
 
 from __future__ import annotations
@@ -26,19 +27,22 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
-import httpx  # noqa: E402
+import httpx
 
-from actors.chat import ChatFormat  # noqa: E402
-from actors.engines import make_engine  # noqa: E402
-from actors.models import load_tokenizer  # noqa: E402
-from actors.trainer import init_ray  # noqa: E402
-from configs import Config  # noqa: E402
-from configs.schema import SamplingConfig, ServeConfig  # noqa: E402
-from serve.app import ServeArgs, start_server, stop_server  # noqa: E402
+from actors.chat import ChatFormat
+from actors.engines import make_engine
+from actors.models import load_tokenizer
+from actors.trainer import init_ray
+from configs import Config
+from configs.schema import SamplingConfig, ServeConfig
+from serve.app import ServeArgs, start_server, stop_server
 
 MODEL = "tiny-random"
+DTYPE = "auto"  # the server's default; the bare engine computes in the same dtype
 MESSAGES = [{"role": "user", "content": "Go to the red ball. What is your next action?"}]
 CONCURRENCY = (1, 8, 32)
+# p99 latency at 32 clients before continuous batching (static `serve.batch` batches, README of that version).
+P99_MS_BEFORE = {1: 2449.0, 8: 16987.0, 32: 40402.0}
 
 
 def free_port() -> int:
@@ -58,6 +62,7 @@ async def load_test(url: str, clients: int, requests: int, budget_s: float, max_
     latencies: list[float] = []
     tokens = 0
     issued = 0
+    errors: list[str] = []
     deadline = time.perf_counter() + budget_s
 
     async def client(http: httpx.AsyncClient) -> None:
@@ -65,8 +70,14 @@ async def load_test(url: str, clients: int, requests: int, budget_s: float, max_
         while issued < requests and time.perf_counter() < deadline:
             issued += 1
             started = time.perf_counter()
-            response = await http.post(url + "/v1/chat/completions", json=body)
-            response.raise_for_status()
+            try:
+                response = await http.post(url + "/v1/chat/completions", json=body)
+            except httpx.HTTPError as exc:
+                errors.append(repr(exc))
+                continue
+            if response.status_code != 200:
+                errors.append(f"{response.status_code}: {response.text[:200]}")
+                continue
             latencies.append(time.perf_counter() - started)
             tokens += response.json()["usage"]["completion_tokens"]
 
@@ -75,12 +86,15 @@ async def load_test(url: str, clients: int, requests: int, budget_s: float, max_
         started = time.perf_counter()
         await asyncio.gather(*(client(http) for _ in range(clients)))
         elapsed = time.perf_counter() - started
+    for error in errors[:5]:
+        print(f"  error at {clients} clients: {error}", file=sys.stderr)
     return {
         "requests": len(latencies),
+        "errors": len(errors),
         "req_s": len(latencies) / elapsed,
         "tok_s": tokens / elapsed,
-        "p50_ms": 1000 * statistics.median(latencies),
-        "p99_ms": 1000 * percentile(latencies, 0.99),
+        "p50_ms": 1000 * statistics.median(latencies) if latencies else float("nan"),
+        "p99_ms": 1000 * percentile(latencies, 0.99) if latencies else float("nan"),
     }
 
 
@@ -91,7 +105,7 @@ def bare_engine_tokens_per_s(batch: int, rounds: int, max_tokens: int) -> float:
     engine = make_engine(
         "transformers",
         model_name=MODEL,
-        dtype="float32",
+        dtype=DTYPE,
         seed=0,
         stop_token_ids=[tokenizer.eos_token_id],
         pad_token_id=tokenizer.pad_token_id,
@@ -116,7 +130,7 @@ def main() -> None:
     bare_before = {c: bare_engine_tokens_per_s(c, rounds, max_tokens) for c in CONCURRENCY}
     port = free_port()
     config = ServeConfig(port=port, max_batch_size=32, max_tokens=max_tokens)
-    start_server(ServeArgs(model=MODEL, serve=config))
+    start_server(ServeArgs(model=MODEL, dtype=DTYPE, serve=config))
     url = f"http://127.0.0.1:{port}"
     try:
         asyncio.run(load_test(url, 4, 8, 30.0, max_tokens))  # warm-up: replica threads, proxy routes
@@ -125,19 +139,24 @@ def main() -> None:
         stop_server()
     bare = {c: (bare_before[c] + bare_engine_tokens_per_s(c, rounds, max_tokens)) / 2 for c in CONCURRENCY}
 
-    print(f"\nserve benchmark: {MODEL}, max_tokens={max_tokens}, 127.0.0.1, one replica (max_batch_size 32)")
-    header = f"{'clients':>7} {'requests':>8} {'req/s':>8} {'tok/s':>8} {'p50 ms':>8} {'p99 ms':>8}"
-    print(header + f" {'engine tok/s':>12} {'served/engine':>13}")
+    print(f"\nserve benchmark: {MODEL}, max_tokens={max_tokens}, 127.0.0.1, one replica (continuous batching, 32 rows)")
+    header = f"{'clients':>7} {'requests':>8} {'errors':>6} {'req/s':>8} {'tok/s':>8} {'p50 ms':>8} {'p99 ms':>8}"
+    print(header + f" {'p99 before':>10} {'engine tok/s':>12} {'served/engine':>13}")
     for c in CONCURRENCY:
         row = served[c]
         print(
-            f"{c:>7} {row['requests']:>8} {row['req_s']:>8.1f} {row['tok_s']:>8.1f} {row['p50_ms']:>8.1f} "
-            f"{row['p99_ms']:>8.1f} {bare[c]:>12.1f} {row['tok_s'] / bare[c]:>13.2f}"
+            f"{c:>7} {row['requests']:>8} {row['errors']:>6} {row['req_s']:>8.1f} {row['tok_s']:>8.1f} "
+            f"{row['p50_ms']:>8.1f} {row['p99_ms']:>8.1f} {P99_MS_BEFORE[c]:>10.0f} {bare[c]:>12.1f} "
+            f"{row['tok_s'] / bare[c]:>13.2f}"
         )
     print("engine tok/s: the same engine's generate() on batches of <clients> prompts in this process (mean of a")
-    print("measurement before and one after the served runs); served/engine = served tok/s / engine tok/s")
-    ratios = {f"served_vs_engine_{c}_clients": round(served[c]["tok_s"] / bare[c], 4) for c in CONCURRENCY}
-    print(json.dumps({"ratios": ratios}))
+    print("measurement before and one after the served runs); served/engine = served tok/s / engine tok/s;")
+    print("p99 before: the same benchmark before continuous batching (static batches), from the previous README.")
+    print(
+        f"p99 latency at 32 clients: {served[32]['p99_ms']:.0f} ms (before continuous batching: {P99_MS_BEFORE[32]:.0f} ms)"
+    )
+    ratios = {f"served_vs_engine_c{c}": round(served[c]["tok_s"] / bare[c], 4) for c in CONCURRENCY}
+    print(json.dumps({"ratios": ratios, "errors": sum(served[c]["errors"] for c in CONCURRENCY)}))
 
 
 if __name__ == "__main__":

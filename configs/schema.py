@@ -171,8 +171,8 @@ class AlgorithmConfig(Section):
 
     name: str = Field(
         "grpo",
-        description="Registered algorithm (`grpo`, `rloo`, `reinforce_pp`, `ppo`, `sft`, `dpo`) or "
-        "`package.module:Class`.",
+        description="Registered algorithm (`grpo`, `rloo`, `reinforce_pp`, `ppo`, `gigpo`, `gspo`, `cispo`, `sft`, "
+        "`dpo`) or `package.module:Class`.",
     )
     group_size: int = Field(4, ge=1, description="Episodes sampled per task (the group of GRPO and RLOO).")
 
@@ -471,6 +471,12 @@ class ServeConfig(Section):
         min_length=1,
         description="Bearer key every request must send; None reads AGENTGYM_RL_API_KEY, unset means no auth.",
     )
+    engine: Literal["transformers", "vllm"] | None = Field(
+        None,
+        description="Engine of the model replicas: `transformers` (continuous batching over the sampler's decode "
+        "step) or `vllm` (vLLM's own async engine; needs `pip install agentgym-rl[vllm]`, checked at start). "
+        "None: the training sampler's engine (`sampler.engine`); `agentgym-rl serve`: transformers.",
+    )
     num_replicas: int = Field(1, ge=1, description="Model replicas when `autoscaling` is not set.")
     autoscaling: AutoscalingConfig | None = Field(
         None, description="Scale model replicas with load instead of a fixed `num_replicas`."
@@ -481,12 +487,33 @@ class ServeConfig(Section):
         description="CPUs reserved by each model replica (small, so it fits beside samplers and the learner; "
         "the replica's torch threads use the cores regardless).",
     )
-    max_batch_size: int = Field(16, ge=1, description="Most requests one generation batch serves.")
-    batch_wait_timeout_s: float = Field(
-        0.01, ge=0.0, description="How long a batch waits for more requests before it generates."
+    num_gpus: float | None = Field(
+        None,
+        ge=0.0,
+        description="GPUs reserved by each model replica (its engine runs on the GPU it is given); None: 1 when "
+        "the Ray cluster has GPUs, else 0.",
+    )
+    max_batch_size: int = Field(
+        32,
+        ge=1,
+        description="Most completions one replica decodes at once (continuous batching: a request joins the "
+        "running batch at the next step and leaves it the step it finishes).",
+    )
+    kv_cache_tokens: int = Field(
+        32768,
+        ge=1,
+        description="`transformers` engine: bound on the running batch's key/value positions (rows x the longest "
+        "row's prompt + max_tokens); a request waits until it fits. vLLM sizes its own paged cache.",
+    )
+    max_queued_requests: int = Field(
+        64,
+        ge=0,
+        description="Requests a replica holds waiting for a free row, beyond `max_batch_size` decoding ones; "
+        "more get 429.",
     )
     max_tokens: int = Field(256, ge=1, description="Cap on generated tokens per request (larger requests get 400).")
     max_prompt_tokens: int = Field(2048, ge=1, description="Longest accepted prompt, in tokens (longer: 400).")
+    max_n: int = Field(4, ge=1, description="Largest `n` (completions per request) accepted (larger: 400).")
     max_body_bytes: int = Field(1_000_000, ge=1024, description="Largest accepted request body (larger: 413).")
     linger_s: float = Field(
         0.0, ge=0.0, description="Training: keep serving the final policy this long after the last iteration."
@@ -496,6 +523,22 @@ class ServeConfig(Section):
     def _one_scaling_mode(self) -> ServeConfig:
         if self.autoscaling is not None and "num_replicas" in self.model_fields_set:
             raise ValueError("set serve.num_replicas or serve.autoscaling, not both")
+        return self
+
+    @model_validator(mode="after")
+    def _largest_request_fits(self) -> ServeConfig:
+        if self.max_n > self.max_batch_size:
+            raise ValueError(
+                f"serve.max_n ({self.max_n}) exceeds serve.max_batch_size ({self.max_batch_size}): a request's "
+                "choices decode together; lower max_n or raise max_batch_size"
+            )
+        largest = self.max_n * (self.max_prompt_tokens + self.max_tokens)
+        if largest > self.kv_cache_tokens:
+            raise ValueError(
+                f"serve.kv_cache_tokens ({self.kv_cache_tokens}) cannot hold the largest accepted request: max_n "
+                f"({self.max_n}) x (max_prompt_tokens {self.max_prompt_tokens} + max_tokens {self.max_tokens}) = "
+                f"{largest}; raise kv_cache_tokens or lower those limits"
+            )
         return self
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import importlib.util
 import os
 from pathlib import Path
 from typing import Literal
@@ -14,14 +16,18 @@ from ray.serve.handle import DeploymentHandle
 
 from actors.models import model_dir
 from actors.rundir import POLICY_DIR
+from configs import Config
 from configs.schema import ServeConfig
-from serve.deployment import STORE_NAMESPACE, PolicyModel, store_name
+from serve.deployment import STORE_NAMESPACE, PolicyModel, max_ongoing_requests, store_name
 from serve.routes import PolicyAPI, build_api
 
 API_KEY_ENV = "AGENTGYM_RL_API_KEY"
 APP_NAME = "agentgym-rl"
 INGRESS_CPUS = 0.05
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+MODEL_DEPLOYMENT = "PolicyModel"
+# Longest wait for the first model replica to load and catch up (a large model on a loaded CPU is slow).
+READY_TIMEOUT_S = 900.0
 
 log = structlog.get_logger()
 
@@ -39,9 +45,12 @@ class ServeArgs(BaseModel):
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="Dtype the replica computes in (`auto`: bfloat16 where the hardware is fast at it)."
     )
-    seed: int = Field(0, description="Seeds the sampling generator of each replica.")
+    seed: int = Field(0, description="Seeds the sampling stream of each replica (requests without a seed).")
+    sampler_engine: Literal["transformers", "vllm"] = Field(
+        "transformers", description="The training sampler's engine: what `serve.engine: null` serves with."
+    )
     app_name: str = Field(APP_NAME, description="Serve application name.")
-    serve: ServeConfig = Field(default_factory=ServeConfig, description="Limits, auth and scaling.")
+    serve: ServeConfig = Field(default_factory=ServeConfig, description="Engine, limits, auth and scaling.")
 
     @model_validator(mode="after")
     def _one_source(self) -> ServeArgs:
@@ -64,6 +73,22 @@ class ServeArgs(BaseModel):
         raise ValueError(f"checkpoint {self.checkpoint!r} has neither {POLICY_DIR}/config.json nor config.json")
 
     @property
+    def engine(self) -> Literal["transformers", "vllm"]:
+        """The replicas' engine: ``serve.engine``, else the training sampler's."""
+        return self.serve.engine or self.sampler_engine
+
+    @classmethod
+    def for_training(cls, config: Config) -> ServeArgs:
+        """The endpoint a training run serves: its model, the sampler's dtype and engine, the run seed."""
+        return cls(
+            model=config.model.name,
+            dtype=config.sampler.dtype,
+            seed=config.run.seed,
+            sampler_engine=config.sampler.engine,
+            serve=config.serve,
+        )
+
+    @property
     def served_id(self) -> str:
         if self.model_id is not None:
             return self.model_id
@@ -83,8 +108,18 @@ def resolve_api_key(config: ServeConfig) -> ServeConfig:
 class PolicyIngress:
     """HTTP front of the application; receives the model deployment's handle."""
 
-    def __init__(self, policy: DeploymentHandle, model_id: str, source: str, limits: ServeConfig) -> None:
-        self.api = PolicyAPI(policy, model_id=model_id, source=source, limits=limits)
+    def __init__(
+        self, policy: DeploymentHandle, model_id: str, source: str, limits: ServeConfig, app_name: str
+    ) -> None:
+        self.app_name = app_name
+        self.api = PolicyAPI(policy, model_id=model_id, source=source, limits=limits, model_ready=self.model_running)
+
+    async def model_running(self) -> bool:
+        """Whether Serve reports a running model replica (Serve routes requests only to those)."""
+        status = await asyncio.to_thread(serve.status)
+        app = status.applications.get(self.app_name)
+        model = app.deployments.get(MODEL_DEPLOYMENT) if app is not None else None
+        return model is not None and model.replica_states.get("RUNNING", 0) > 0
 
     def __serve_build_asgi_app__(self):
         return build_api(self.api)
@@ -94,18 +129,20 @@ def build_app(args: ServeArgs) -> serve.Application:
     """The Serve application for ``args`` (run it with ``serve.run`` or :func:`start_server`).
 
     Raises:
+        ServeError: the engine cannot run here (``serve.engine: vllm`` without vllm).
         ValueError: the checkpoint or model cannot be found (checked here, before any replica starts).
     """
+    check_engine(args.engine)
     source = args.source
     model_dir(source)  # fail here, not in a replica, on an unknown model; builds a built-in once
     limits = resolve_api_key(args.serve)
     scaling: dict = {"num_replicas": limits.num_replicas}
     if limits.autoscaling is not None:
         scaling = {"autoscaling_config": limits.autoscaling.model_dump()}
-    model = serve.deployment(PolicyModel, name="PolicyModel").options(
-        ray_actor_options={"num_cpus": limits.num_cpus},
-        # Serve needs room for a full batch plus the next one forming while the first generates.
-        max_ongoing_requests=2 * limits.max_batch_size,
+    model = serve.deployment(PolicyModel, name=MODEL_DEPLOYMENT).options(
+        ray_actor_options={"num_cpus": limits.num_cpus, "num_gpus": replica_gpus(limits)},
+        # Every request the engine admits or queues reaches it; the engine itself answers 429 beyond that.
+        max_ongoing_requests=max_ongoing_requests(limits.max_batch_size, limits.max_queued_requests),
         **scaling,
     )
     ingress = serve.deployment(PolicyIngress, name="PolicyIngress").options(
@@ -113,21 +150,40 @@ def build_app(args: ServeArgs) -> serve.Application:
     )
     policy = model.bind(
         source=source,
+        engine=args.engine,
         dtype=args.dtype,
         seed=args.seed,
         max_batch_size=limits.max_batch_size,
-        batch_wait_timeout_s=limits.batch_wait_timeout_s,
+        kv_cache_tokens=limits.kv_cache_tokens,
+        max_queued_requests=limits.max_queued_requests,
         app_name=args.app_name,
     )
-    return ingress.bind(policy, args.served_id, source, limits)
+    return ingress.bind(policy, args.served_id, source, limits, args.app_name)
 
 
 class ServeError(RuntimeError):
     """The application cannot start here; the message says which setting to change."""
 
 
+def replica_gpus(config: ServeConfig) -> float:
+    """GPUs per model replica: ``serve.num_gpus``, or with None one GPU when the cluster has any."""
+    if config.num_gpus is not None:
+        return config.num_gpus
+    return 1.0 if ray.is_initialized() and ray.cluster_resources().get("GPU", 0.0) > 0 else 0.0
+
+
+def check_engine(engine: str) -> None:
+    """Raise ServeError when ``engine`` cannot be imported here (checked before any replica starts)."""
+    if engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ServeError(
+            "serve.engine='vllm' needs the vllm package, which is not installed: pip install 'agentgym-rl[vllm]' "
+            "(a CUDA GPU, or vLLM's CPU build), or set serve.engine=transformers"
+        )
+
+
 def check_resources(config: ServeConfig) -> None:
-    """Raise ServeError when the cluster's free CPUs cannot hold the first replicas (Serve would wait forever)."""
+    """Raise ServeError when the cluster's free CPUs or GPUs cannot hold the first replicas (Serve would
+    wait forever)."""
     replicas = config.autoscaling.min_replicas if config.autoscaling is not None else config.num_replicas
     needed = replicas * config.num_cpus + INGRESS_CPUS
     free = ray.available_resources().get("CPU", 0.0)
@@ -137,20 +193,34 @@ def check_resources(config: ServeConfig) -> None:
             f"{INGRESS_CPUS:g} for the HTTP ingress) but Ray has {free:g} free; lower serve.num_cpus or the "
             "samplers'/learner's num_cpus, or raise ray.num_cpus"
         )
+    gpus, free_gpus = replicas * replica_gpus(config), ray.available_resources().get("GPU", 0.0)
+    if free_gpus + 1e-9 < gpus:
+        raise ServeError(
+            f"serving needs {gpus:g} free GPUs ({replicas} x serve.num_gpus) but Ray has {free_gpus:g} free; "
+            "set serve.num_gpus (0 serves on CPUs) or free GPUs"
+        )
 
 
 def start_server(args: ServeArgs) -> DeploymentHandle:
-    """Start Serve's HTTP proxy on ``serve.host:serve.port`` and run the app; returns the model deployment handle.
+    """Start Serve's HTTP proxy on ``serve.host:serve.port`` and run the app; returns the model deployment
+    handle once a model replica is up and caught up with the weights store (the endpoint answers 503 before).
 
     Raises:
-        ServeError: not enough free CPUs for the replicas (checked first: Serve itself would wait forever).
+        ServeError: the engine cannot run here, or not enough free CPUs/GPUs for the replicas (checked
+            first: Serve itself would wait forever), or the model replicas failed to start.
     """
+    check_engine(args.engine)
     check_resources(args.serve)
     if args.serve.host not in LOOPBACK_HOSTS and resolve_api_key(args.serve).api_key is None:
         log.warning("serving on a public interface without an API key", host=args.serve.host)
     serve.start(http_options={"host": args.serve.host, "port": args.serve.port})
-    serve.run(build_app(args), name=args.app_name, route_prefix="/")
-    return serve.get_deployment_handle("PolicyModel", app_name=args.app_name)
+    try:
+        serve.run(build_app(args), name=args.app_name, route_prefix="/")
+    except RuntimeError as exc:  # Serve's deploy failure, e.g. the engine refused to start in a replica
+        raise ServeError(f"the model deployment did not start: {exc}") from exc
+    handle = serve.get_deployment_handle(MODEL_DEPLOYMENT, app_name=args.app_name)
+    handle.ready.remote().result(timeout_s=READY_TIMEOUT_S)
+    return handle
 
 
 def delete_app(app_name: str = APP_NAME) -> None:

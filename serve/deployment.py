@@ -1,31 +1,36 @@
-"""The model deployment: one engine per replica, dynamic batching, and weight hot-swap.
+"""The model deployment: one serving engine per replica (continuous batching, token streaming) and
+weight hot-swap.
 
 Weights reach every replica through a small named ``WeightsStore`` actor per application: a call
 of ``update_weights`` (which Serve routes to one replica) loads the weights there and records the
 ``[ref]`` in the store; every other replica long-polls the store and loads the same version, and a
 replica started later by autoscaling begins from the newest version instead of the source weights.
+A swap waits for the requests in flight to finish on the old weights (the engine stops admitting
+meanwhile), so a completion never mixes two versions, and every response names its version.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Literal
 
 import ray
 import structlog
 import torch
 from ray import serve
 
-from actors.engines import Generation, make_engine
+from actors.engines import ChoiceDelta, CompletionRequest, make_serving_engine
 from actors.models import load_tokenizer
 from actors.weights import WeightsPayload
-from configs.schema import SamplingConfig
 
 log = structlog.get_logger()
 
 STORE_NAMESPACE = "agentgym-rl-serve"
+# Calls that are not generation (policy info, weight updates, readiness) a full replica still takes.
+CONTROL_CALLS = 8
 
 
 def store_name(app_name: str) -> str:
@@ -59,15 +64,31 @@ class WeightsStore:
 
 
 @dataclass(frozen=True)
-class GenerateRequest:
-    prompt_ids: list[int]
-    sampling: SamplingConfig
+class ChoiceResult:
+    """One finished choice: the sampled ids, their log-probabilities and top alternatives (when asked)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[tuple[tuple[int, float], ...]]
+    finish_reason: Literal["stop", "length"]
 
 
 @dataclass(frozen=True)
 class GenerateResult:
-    generation: Generation
+    choices: list[ChoiceResult]
     weights_version: int
+
+
+@dataclass(frozen=True)
+class StreamStart:
+    """First item of ``generate_stream``: the request was admitted and this weights version serves it."""
+
+    weights_version: int
+
+
+def max_ongoing_requests(max_batch_size: int, max_queued_requests: int) -> int:
+    """Serve's per-replica concurrency: every request the engine may hold, plus room for control calls."""
+    return max_batch_size + max_queued_requests + CONTROL_CALLS
 
 
 class PolicyModel:
@@ -75,37 +96,45 @@ class PolicyModel:
 
     Args:
         source: checkpoint ``policy`` directory or model name the weights start from.
-        dtype: parameter dtype.
-        seed: seeds the sampling generator.
-        max_batch_size: most requests per generation batch.
-        batch_wait_timeout_s: how long a batch waits to fill.
+        engine: ``transformers`` or ``vllm`` (see ``actors.engines.make_serving_engine``).
+        dtype: parameter dtype (``auto``: bfloat16 where the hardware is fast at it).
+        seed: seeds the sampling stream of requests without a seed.
+        max_batch_size: most completions decoding at once.
+        kv_cache_tokens: bound on the running batch's key/value positions (transformers engine).
+        max_queued_requests: requests waiting for a row beyond the decoding ones; more are refused.
         app_name: Serve application name (names the weights store).
     """
 
     def __init__(
-        self, *, source: str, dtype: str, seed: int, max_batch_size: int, batch_wait_timeout_s: float, app_name: str
+        self,
+        *,
+        source: str,
+        engine: str,
+        dtype: str,
+        seed: int,
+        max_batch_size: int,
+        kv_cache_tokens: int,
+        max_queued_requests: int,
+        app_name: str,
     ) -> None:
         # A replica shares the node with samplers and the learner; a few threads keep it from starving them.
         torch.set_num_threads(min(4, os.cpu_count() or 1))
         self.source = source
+        self.engine_name = engine
         tokenizer = load_tokenizer(source)
-        self.engine = make_engine(
-            "transformers",
+        self.engine = make_serving_engine(
+            engine,
             model_name=source,
             dtype=dtype,
             seed=seed,
             stop_token_ids=[tokenizer.eos_token_id],
             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+            max_rows=max_batch_size,
+            max_kv_tokens=kv_cache_tokens,
+            max_requests=max_batch_size + max_queued_requests,
         )
         self.iteration: int | None = None
         self.updates = 0
-        self.batches = 0
-        self.batched_requests = 0
-        self.generate_s = 0.0
-        # Held by each generate batch and by the swap: a batch always runs on one version of the weights.
-        self.engine_lock = asyncio.Lock()
-        self._generate_batch.set_max_batch_size(max_batch_size)
-        self._generate_batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
         self.store = (
             ray.remote(WeightsStore)
             .options(
@@ -117,12 +146,13 @@ class PolicyModel:
             )
             .remote()
         )
+        self.load_lock = asyncio.Lock()
         self.catch_up: asyncio.Task | None = None
         self.follow_task: asyncio.Task | None = None
 
     async def _ensure_following(self) -> None:
         # Tasks must live on the replica's event loop, which __init__ does not run on. A replica that
-        # starts mid-training (autoscaling, restart) loads the newest weights before its first batch.
+        # starts mid-training (autoscaling, restart) loads the newest weights before its first request.
         if self.catch_up is None:
             loop = asyncio.get_running_loop()
             self.catch_up = loop.create_task(self._follow_once(0.0))
@@ -147,9 +177,10 @@ class PolicyModel:
 
     async def _load(self, payload_ref: list[ray.ObjectRef], iteration: int | None) -> int:
         payload: WeightsPayload = await payload_ref[0]
-        async with self.engine_lock:
+        async with self.load_lock:
             if payload.version > self.engine.weights_version:
-                await asyncio.to_thread(self.engine.load_weights, payload)
+                # The engine lets the requests in flight finish on the old weights first.
+                await self.engine.load_weights(payload)
                 self.iteration = iteration
                 self.updates += 1
                 log.info("weights updated", version=payload.version, iteration=iteration)
@@ -158,51 +189,58 @@ class PolicyModel:
     async def update_weights(self, payload_ref: list[ray.ObjectRef], iteration: int | None) -> int:
         """Load the ``WeightsPayload`` behind ``payload_ref[0]`` without a restart; returns the loaded version.
 
-        In-flight batches finish on the old weights; batches after the swap use the new ones. The ref
-        is also published to the other replicas of this application.
+        Requests in flight finish on the old weights; requests admitted after the swap use the new
+        ones. The ref is also published to the other replicas of this application.
         """
         await self._ensure_following()
-        # Shielded: a cancelled caller must not release the lock while the load thread still writes weights.
+        # Shielded: a cancelled caller must not leave the weights store behind the replica.
         version = await asyncio.shield(self._load(payload_ref, iteration))
         await self.store.publish.remote(payload_ref, version, iteration)
         return version
 
-    async def generate(self, request: GenerateRequest) -> GenerateResult:
-        """Sample one completion; concurrent calls are grouped into one engine batch."""
+    async def ready(self) -> int:
+        """The weights version, once this replica has caught up with the weights store."""
         await self._ensure_following()
-        return await self._generate_batch(request)
+        return self.engine.weights_version
 
-    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.01)
-    async def _generate_batch(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
-        results: list[GenerateResult | None] = [None] * len(requests)
-        self.batches += 1
-        self.batched_requests += len(requests)
-        # The engine samples a whole batch with one setting; requests with different settings form sub-batches.
-        groups: dict[str, list[int]] = {}
-        for index, request in enumerate(requests):
-            groups.setdefault(request.sampling.model_dump_json(), []).append(index)
-        async with self.engine_lock:
-            version = self.engine.weights_version
-            for indices in groups.values():
-                sampling = requests[indices[0]].sampling
-                prompts = [requests[i].prompt_ids for i in indices]
-                started = time.perf_counter()
-                generations = await asyncio.to_thread(self.engine.generate, prompts, sampling)
-                self.generate_s += time.perf_counter() - started
-                for i, generation in zip(indices, generations, strict=True):
-                    results[i] = GenerateResult(generation=generation, weights_version=version)
-        return results
+    async def generate(self, request: CompletionRequest) -> GenerateResult:
+        """Sample every choice of ``request`` to its end (it decodes alongside every other request)."""
+        await self._ensure_following()
+        tokens: dict[int, list[int]] = {c: [] for c in range(request.n)}
+        logprobs: dict[int, list[float]] = {c: [] for c in range(request.n)}
+        tops: dict[int, list[tuple[tuple[int, float], ...]]] = {c: [] for c in range(request.n)}
+        reasons: dict[int, Literal["stop", "length"]] = {}
+        async with self.engine.open(request) as stream:
+            async for deltas in stream:
+                for delta in deltas:
+                    tokens[delta.choice].extend(delta.token_ids)
+                    logprobs[delta.choice].extend(delta.logprobs)
+                    tops[delta.choice].extend(delta.top_logprobs)
+                    if delta.finish_reason is not None:
+                        reasons[delta.choice] = delta.finish_reason
+        return GenerateResult(
+            choices=[ChoiceResult(tokens[c], logprobs[c], tops[c], reasons[c]) for c in range(request.n)],
+            weights_version=stream.weights_version,
+        )
+
+    async def generate_stream(self, request: CompletionRequest) -> AsyncIterator[StreamStart | list[ChoiceDelta]]:
+        """A :class:`StreamStart`, then the request's deltas as they are sampled. The caller cancelling
+        (its client went away) frees the request's rows at the next step."""
+        await self._ensure_following()
+        async with self.engine.open(request) as stream:
+            yield StreamStart(stream.weights_version)
+            async for deltas in stream:
+                yield deltas
 
     async def policy(self) -> dict:
-        """Replica id, weights version, training iteration and source of this replica."""
+        """Replica id, engine, weights version, training iteration, source and engine counters of this replica."""
         await self._ensure_following()
         return {
             "replica": serve.get_replica_context().replica_id.unique_id,
             "source": self.source,
+            "engine": self.engine_name,
             "weights_version": self.engine.weights_version,
             "iteration": self.iteration,
             "updates": self.updates,
-            "batches": self.batches,
-            "requests": self.batched_requests,
-            "generate_s": self.generate_s,
+            "stats": self.engine.stats,
         }

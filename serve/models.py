@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from actors.engines.sampling import MAX_TOP_LOGPROBS
+
+MAX_STOP_STRINGS = 4  # OpenAI's limit on `stop`
 
 
 class Body(BaseModel):
-    """Base of every request body: unknown fields are a 422 that names them."""
+    """Base of every request body: an unknown field is a 400 that names it (OpenAI does the same)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -20,39 +24,91 @@ class ChatMessage(Body):
 
 
 class StreamOptions(Body):
-    include_usage: bool = Field(False, description="Send a final chunk with token usage before `[DONE]`.")
+    include_usage: bool | None = Field(None, description="Send a final chunk with token usage before `[DONE]`.")
 
 
 class ChatCompletionRequest(Body):
-    """The subset of OpenAI's chat-completions request that this server honours."""
+    """The chat-completions fields this server honours; ``null`` means the default, as in OpenAI's API."""
 
     model: str = Field(description="Served model id (see GET /v1/models).")
     messages: list[ChatMessage] = Field(min_length=1, description="The conversation so far.")
     max_tokens: int | None = Field(None, ge=1, description="Cap on generated tokens (default: the server cap).")
     max_completion_tokens: int | None = Field(None, ge=1, description="Newer name of `max_tokens`.")
-    temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature; 0 picks the likeliest token.")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
-    n: int = Field(1, ge=1, le=1, description="Completions per request; only 1 is supported.")
-    stream: bool = Field(False, description="Send server-sent events (`data: {...}` chunks, then `data: [DONE]`).")
+    temperature: float | None = Field(
+        None, ge=0.0, le=2.0, description="Sampling temperature (default 1); 0 picks the likeliest token."
+    )
+    top_p: float | None = Field(None, gt=0.0, le=1.0, description="Nucleus sampling mass (default 1).")
+    n: int | None = Field(None, ge=1, description="Completions per request (default 1; at most serve.max_n).")
+    stop: str | list[str] | None = Field(
+        None, description="Up to 4 strings; the text ends before the first one sampled (it is not returned)."
+    )
+    seed: int | None = Field(None, description="Same seed, same request: the same completion, whatever else runs.")
+    logprobs: bool | None = Field(None, description="Return the log-probability of every sampled token.")
+    top_logprobs: int | None = Field(
+        None, ge=0, le=MAX_TOP_LOGPROBS, description="Also the likeliest alternatives per token (needs logprobs)."
+    )
+    presence_penalty: float | None = Field(
+        None, ge=-2.0, le=2.0, description="Subtracted from the logit of every token already in the reply."
+    )
+    frequency_penalty: float | None = Field(
+        None, ge=-2.0, le=2.0, description="Subtracted from a token's logit once per occurrence in the reply."
+    )
+    stream: bool | None = Field(None, description="Send server-sent events (`data: {...}` chunks, then `[DONE]`).")
     stream_options: StreamOptions | None = Field(None, description="Streaming options.")
     user: str | None = Field(None, description="Accepted for OpenAI compatibility; ignored.")
 
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, stop: str | list[str] | None) -> list[str] | None:
+        stops = [stop] if isinstance(stop, str) else stop
+        if stops is None:
+            return None
+        if len(stops) > MAX_STOP_STRINGS or any(not s for s in stops):
+            raise ValueError(f"give at most {MAX_STOP_STRINGS} non-empty stop strings, got {stops!r}")
+        return stops
+
     @model_validator(mode="after")
-    def _one_token_cap(self) -> ChatCompletionRequest:
-        if self.max_tokens is not None and self.max_completion_tokens is not None:
-            if self.max_tokens != self.max_completion_tokens:
-                raise ValueError("give max_tokens or max_completion_tokens, not two different values")
+    def _consistent(self) -> ChatCompletionRequest:
+        both = self.max_tokens is not None and self.max_completion_tokens is not None
+        if both and self.max_tokens != self.max_completion_tokens:
+            raise ValueError("give max_tokens or max_completion_tokens, not two different values")
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs=true")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed with stream=true")
         return self
 
     @property
     def requested_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    @property
+    def token_field(self) -> str:
+        """The field ``requested_tokens`` came from (errors name it)."""
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+
 
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob]
 
 
 class AssistantMessage(BaseModel):
@@ -64,6 +120,7 @@ class Choice(BaseModel):
     index: int
     message: AssistantMessage
     finish_reason: Literal["stop", "length"]
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -71,6 +128,8 @@ class ChatCompletion(BaseModel):
     object: Literal["chat.completion"] = "chat.completion"
     created: int
     model: str
+    system_fingerprint: str = Field(description="`weights-v<N>`: the weights version that served the completion.")
+    weights_version: int = Field(description="The weights version that produced every token of every choice.")
     choices: list[Choice]
     usage: Usage
 
@@ -84,6 +143,7 @@ class ChunkChoice(BaseModel):
     index: int
     delta: Delta
     finish_reason: Literal["stop", "length"] | None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletionChunk(BaseModel):
@@ -91,6 +151,8 @@ class ChatCompletionChunk(BaseModel):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     created: int
     model: str
+    system_fingerprint: str
+    weights_version: int
     choices: list[ChunkChoice]
     usage: Usage | None = None
 
@@ -119,6 +181,7 @@ class ActRequest(Body):
     )
     max_tokens: int | None = Field(None, ge=1, description="Cap on generated tokens (default: the server cap).")
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature; 0 picks the likeliest token.")
+    seed: int | None = Field(None, description="Same seed, same request: the same completion.")
 
     @model_validator(mode="after")
     def _no_system_in_history(self) -> ActRequest:
@@ -139,12 +202,16 @@ class PolicyInfo(BaseModel):
     model: str = Field(description="Served model id.")
     replica: str = Field(description="Id of the model replica that answered.")
     source: str = Field(description="Checkpoint directory or model name the server started from.")
+    engine: str = Field(description="The replica's engine (`transformers` or `vllm`).")
     weights_version: int = Field(description="Version of the weights now loaded (0 = the source's own weights).")
     iteration: int | None = Field(description="Training iteration that produced them (None before any update).")
     updates: int = Field(description="Weight updates applied since start.")
-    batches: int = Field(description="Generation batches this replica has run.")
-    requests: int = Field(description="Requests those batches served (requests / batches = mean batch size).")
-    generate_s: float = Field(description="Seconds this replica has spent inside the engine's generate.")
+    stats: dict[str, int] = Field(
+        description="The replica's engine counters: `in_flight` and `waiting` requests, `swap_pending` (1 while a "
+        "weight swap waits for the requests in flight), `generated_tokens`, `finished` choices, `abandoned` "
+        "requests (their client went away) and, for transformers, `steps`, `decoding_rows`, `kv_positions`, "
+        "`prefill_tokens`."
+    )
 
 
 class Health(BaseModel):

@@ -1,8 +1,8 @@
 """The FastAPI ingress: OpenAI-compatible chat routes, /v1/act, /v1/policy and /healthz.
 
-Prompts are rendered and completions decoded here, next to HTTP; the model deployment only
-sees token ids. Every failure is an :class:`APIError` (or a pydantic ``ValidationError``) and is
-turned into an HTTP status and an OpenAI-style error body in :func:`install_error_handlers`.
+Prompts are rendered and completions decoded here, next to HTTP; the model deployment only sees
+token ids and streams back what it samples. Failures are raised (``APIError``, validation errors,
+``QueueFullError``) and turned into statuses and OpenAI's error shape in ``serve.errors``.
 """
 
 from __future__ import annotations
@@ -10,20 +10,22 @@ from __future__ import annotations
 import hmac
 import time
 import uuid
-from collections.abc import AsyncIterator
-from typing import TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ValidationError
-from ray.serve.handle import DeploymentHandle
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
+from ray.exceptions import RayTaskError
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from actors.chat import ChatFormat
+from actors.engines import ChoiceDelta, CompletionRequest, SamplingParams
 from actors.models import load_tokenizer
-from configs.schema import SamplingConfig, ServeConfig
+from configs.schema import ServeConfig
 from envs import EnvError, InvalidAction, TextEnv, make
-from serve.deployment import GenerateRequest, GenerateResult
+from serve.deployment import GenerateResult, StreamStart
+from serve.errors import APIError, install_error_handlers, sse_error
 from serve.models import (
     ActRequest,
     ActResponse,
@@ -32,65 +34,48 @@ from serve.models import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     Choice,
+    ChoiceLogprobs,
     ChunkChoice,
     Delta,
     Health,
     ModelCard,
     ModelList,
     PolicyInfo,
+    TokenLogprob,
+    TopLogprob,
     Usage,
 )
+from serve.text import ReplyText, TokenTexts
 
 Body = TypeVar("Body", bound=BaseModel)
 
 
-class APIError(Exception):
-    """A request the server refuses; ``status`` is the HTTP status, ``message`` says what to change."""
-
-    def __init__(self, status: int, message: str, *, kind: str = "invalid_request_error", param: str | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.kind = kind
-        self.param = param
-
-
-def _error_response(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:
-    # OpenAI's error shape, so the openai client raises its matching exception with this message.
-    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
-def _describe(errors: list[dict]) -> str:
-    parts = []
-    for error in errors:
-        where = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
-        parts.append(f"{where}: {error['msg']}")
-    return "; ".join(parts)
+def sampling_params(
+    *,
+    temperature: float | None,
+    top_p: float | None,
+    max_new_tokens: int,
+    stop: list[str] | None = None,
+    presence_penalty: float | None = None,
+    frequency_penalty: float | None = None,
+    top_logprobs: int = 0,
+) -> SamplingParams:
+    """Engine settings for an API request; temperature 0 means greedy (top-1) decoding."""
+    greedy = temperature == 0.0
+    return SamplingParams(
+        temperature=1.0 if greedy or temperature is None else temperature,
+        top_k=1 if greedy else 0,
+        top_p=1.0 if greedy or top_p is None else top_p,
+        max_new_tokens=max_new_tokens,
+        stop=tuple(stop or ()),
+        presence_penalty=presence_penalty or 0.0,
+        frequency_penalty=frequency_penalty or 0.0,
+        top_logprobs=top_logprobs,
+    )
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    """The one place that maps failures to HTTP statuses."""
-
-    @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return _error_response(exc.status, exc.message, exc.kind, exc.param)
-
-    @app.exception_handler(ValidationError)
-    async def _invalid_body(_: Request, exc: ValidationError) -> JSONResponse:
-        return _error_response(422, f"invalid request: {_describe(exc.errors())}", "invalid_request_error")
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return _error_response(422, f"invalid request: {_describe(list(exc.errors()))}", "invalid_request_error")
-
-
-def sampling_for(temperature: float, max_new_tokens: int, top_p: float = 1.0) -> SamplingConfig:
-    """Engine sampling settings for an API request; temperature 0 means greedy (top-1) decoding."""
-    if temperature == 0.0:
-        return SamplingConfig(temperature=1.0, top_k=1, top_p=1.0, max_new_tokens=max_new_tokens)
-    return SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
+def fingerprint(weights_version: int) -> str:
+    return f"weights-v{weights_version}"
 
 
 class PolicyAPI:
@@ -100,19 +85,34 @@ class PolicyAPI:
         policy: handle of the model deployment.
         model_id: the id clients name in ``model``.
         source: model name or directory the tokenizer is read from.
-        limits: the serve config (token caps, body size, API key).
+        limits: the serve config (token caps, ``n`` cap, body size, API key).
+        model_ready: whether a model replica is up (asked until it first says yes; 503 before).
     """
 
-    def __init__(self, policy: DeploymentHandle, *, model_id: str, source: str, limits: ServeConfig) -> None:
+    def __init__(
+        self,
+        policy: DeploymentHandle,
+        *,
+        model_id: str,
+        source: str,
+        limits: ServeConfig,
+        model_ready: Callable[[], Awaitable[bool]],
+    ) -> None:
         self.policy = policy
+        self.streaming = policy.options(stream=True)
         self.model_id = model_id
         self.limits = limits
-        self.chat = ChatFormat(load_tokenizer(source))
+        self.model_ready = model_ready
+        self.ready = False
+        tokenizer = load_tokenizer(source)
+        self.chat = ChatFormat(tokenizer)
+        self.tokens = TokenTexts(tokenizer)
+        self.hidden_ids = {tokenizer.eos_token_id}  # the stop token ends a reply; it is no part of its text
         self.created = int(time.time())
         self.envs: dict[str, TextEnv] = {}
 
     async def read_body(self, request: Request, schema: type[Body]) -> Body:
-        """Read at most ``max_body_bytes`` of the body (413 beyond) and validate it (422 on bad JSON or fields)."""
+        """Read at most ``max_body_bytes`` of the body (413 beyond) and validate it (400 on bad JSON or fields)."""
         limit = self.limits.max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -123,7 +123,7 @@ class PolicyAPI:
             if len(raw) > limit:
                 raise APIError(413, f"request body exceeds the limit of {limit} bytes")
         if not raw:
-            raise APIError(422, "request body is empty; send a JSON object")
+            raise APIError(400, "request body is empty; send a JSON object", code="invalid_json")
         return schema.model_validate_json(bytes(raw))
 
     def check_key(self, request: Request) -> None:
@@ -133,9 +133,22 @@ class PolicyAPI:
             return
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.encode()):
-            raise APIError(
-                401, "missing or wrong API key: send 'Authorization: Bearer <key>'", kind="authentication_error"
-            )
+            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+
+    async def require_model(self) -> None:
+        """503 until a model replica is up (asked once per ingress: afterwards Serve routes to live replicas)."""
+        if not self.ready:
+            if not await self.model_ready():
+                raise APIError(503, "the model is still loading; retry in a few seconds", code="model_loading")
+            self.ready = True
+
+    async def call(self, response: Awaitable) -> Any:
+        """Await a deployment call; a failure in the replica is raised as its own exception (its type
+        decides the status), not as Ray's wrapper."""
+        try:
+            return await response
+        except RayTaskError as exc:
+            raise (exc.cause if isinstance(exc.cause, Exception) else exc) from None
 
     def token_cap(self, requested: int | None, param: str) -> int:
         cap = self.limits.max_tokens
@@ -150,61 +163,165 @@ class PolicyAPI:
         limit = self.limits.max_prompt_tokens
         if len(ids) > limit:
             raise APIError(
-                400, f"prompt is {len(ids)} tokens; this server's max_prompt_tokens is {limit}", param="messages"
+                400,
+                f"prompt is {len(ids)} tokens; this server's max_prompt_tokens is {limit}",
+                param="messages",
+                code="context_length_exceeded",
             )
         return ids
-
-    async def generate(self, prompt_ids: list[int], sampling: SamplingConfig) -> GenerateResult:
-        return await self.policy.generate.remote(GenerateRequest(prompt_ids=prompt_ids, sampling=sampling))
 
     def env(self, name: str) -> TextEnv:
         if name not in self.envs:
             try:
                 self.envs[name] = make(name)
             except EnvError as exc:
-                raise APIError(404, str(exc), kind="not_found_error", param="env") from exc
+                raise APIError(404, str(exc), param="env", code="env_not_found") from exc
             except ValueError as exc:  # the env needs options (e.g. a server address) that /v1/act cannot pass
                 raise APIError(400, f"env {name!r} cannot be created without options: {exc}", param="env") from exc
         return self.envs[name]
 
-    async def complete(self, body: ChatCompletionRequest) -> tuple[list[int], GenerateResult]:
+    def completion_request(self, body: ChatCompletionRequest) -> CompletionRequest:
+        """The engine request for a chat body, after the model id and every limit are checked."""
         if body.model != self.model_id:
-            raise APIError(404, f"model {body.model!r} is not served here; use {self.model_id!r}", param="model")
-        cap = self.token_cap(body.requested_tokens, "max_tokens")
+            raise APIError(
+                404,
+                f"model {body.model!r} is not served here; use {self.model_id!r}",
+                param="model",
+                code="model_not_found",
+            )
+        n = body.n or 1
+        if n > self.limits.max_n:
+            raise APIError(400, f"n={n} exceeds this server's cap of {self.limits.max_n} (serve.max_n)", param="n")
+        params = sampling_params(
+            temperature=body.temperature,
+            top_p=body.top_p,
+            max_new_tokens=self.token_cap(body.requested_tokens, body.token_field),
+            stop=body.stop,
+            presence_penalty=body.presence_penalty,
+            frequency_penalty=body.frequency_penalty,
+            top_logprobs=body.top_logprobs or 0,
+        )
         prompt_ids = self.prompt([m.model_dump(exclude={"name"}) for m in body.messages])
-        return prompt_ids, await self.generate(prompt_ids, sampling_for(body.temperature, cap, body.top_p))
+        return CompletionRequest(prompt_ids=prompt_ids, params=params, n=n, seed=body.seed)
 
-    async def stream(
-        self, body: ChatCompletionRequest, prompt_ids: list[int], result: GenerateResult
+    def reply(self, request: CompletionRequest) -> ReplyText:
+        return ReplyText(self.chat.decode_reply, request.params.stop)
+
+    def logprobs(
+        self, token_ids: tuple[int, ...] | list[int], logprobs: tuple[float, ...] | list[float], tops: tuple | list
+    ) -> ChoiceLogprobs:
+        """OpenAI's ``logprobs`` of sampled tokens (the stop token, which has no text, left out)."""
+        content = []
+        for index, (token, logprob) in enumerate(zip(token_ids, logprobs, strict=True)):
+            if token in self.hidden_ids:
+                continue
+            text, raw = self.tokens.entry(token)
+            alternatives = []
+            for other, other_logprob in tops[index] if tops else ():
+                other_text, other_raw = self.tokens.entry(other)
+                alternatives.append(TopLogprob(token=other_text, logprob=other_logprob, bytes=other_raw))
+            content.append(TokenLogprob(token=text, logprob=logprob, bytes=raw, top_logprobs=alternatives))
+        return ChoiceLogprobs(content=content)
+
+    async def complete(self, body: ChatCompletionRequest, request: CompletionRequest) -> ChatCompletion:
+        result: GenerateResult = await self.call(self.policy.generate.remote(request))
+        choices = []
+        for index, choice in enumerate(result.choices):
+            reply = self.reply(request)
+            reply.push(choice.token_ids)
+            choices.append(
+                Choice(
+                    index=index,
+                    message=AssistantMessage(content=reply.text),
+                    finish_reason=choice.finish_reason,
+                    logprobs=self.logprobs(choice.token_ids, choice.logprobs, choice.top_logprobs)
+                    if body.logprobs
+                    else None,
+                )
+            )
+        generated = sum(len(choice.token_ids) for choice in result.choices)
+        return ChatCompletion(
+            id=f"chatcmpl-{uuid.uuid4().hex}",
+            created=int(time.time()),
+            model=self.model_id,
+            system_fingerprint=fingerprint(result.weights_version),
+            weights_version=result.weights_version,
+            choices=choices,
+            usage=_usage(len(request.prompt_ids), generated),
+        )
+
+    async def open_stream(self, request: CompletionRequest) -> tuple[int, DeploymentResponseGenerator]:
+        """Start a streamed generation; returns its weights version once the replica has admitted it (a
+        refusal raises here, before any byte of the response is sent)."""
+        stream = self.streaming.generate_stream.remote(request)
+        try:
+            start: StreamStart = await self.call(stream.__anext__())
+        except BaseException:
+            stream.cancel()
+            raise
+        return start.weights_version, stream
+
+    async def sse(
+        self,
+        body: ChatCompletionRequest,
+        request: CompletionRequest,
+        weights_version: int,
+        stream: DeploymentResponseGenerator,
     ) -> AsyncIterator[str]:
-        """SSE events of a finished completion: a role chunk, one chunk per decoded token, the finish, [DONE]."""
+        """SSE events: a role chunk per choice, a chunk per group of sampled tokens as they arrive, each
+        choice's finish, the usage chunk when asked, then ``[DONE]``. Closing this generator (the client
+        went away) cancels the generation, which frees its rows at the replica's next step."""
         ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
-        def event(choice: ChunkChoice | None, usage: Usage | None = None) -> str:
+        def event(choices: list[ChunkChoice], usage: Usage | None = None) -> str:
             chunk = ChatCompletionChunk(
-                id=ident, created=created, model=self.model_id, choices=[choice] if choice else [], usage=usage
+                id=ident,
+                created=created,
+                model=self.model_id,
+                system_fingerprint=fingerprint(weights_version),
+                weights_version=weights_version,
+                choices=choices,
+                usage=usage,
             )
             return f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
 
-        yield event(ChunkChoice(index=0, delta=Delta(role="assistant", content="")))
-        ids, sent = result.generation.token_ids, ""
-        for end in range(1, len(ids) + 1):
-            text = self.chat.decode_reply(ids[:end])
-            # A token that ends inside a multi-byte character decodes to U+FFFD; wait for the rest of it.
-            if text.endswith("\ufffd") and end < len(ids):
-                continue
-            if len(text) > len(sent):
-                yield event(ChunkChoice(index=0, delta=Delta(content=text[len(sent) :])))
-                sent = text
-        yield event(ChunkChoice(index=0, delta=Delta(), finish_reason=result.generation.finish_reason))
-        if body.stream_options is not None and body.stream_options.include_usage:
-            yield event(None, _usage(prompt_ids, result))
-        yield "data: [DONE]\n\n"
+        replies = [self.reply(request) for _ in range(request.n)]
+        generated = 0
+        try:
+            for index in range(request.n):
+                yield event([ChunkChoice(index=index, delta=Delta(role="assistant", content=""))])
+            async for deltas in stream:
+                delta: ChoiceDelta
+                for delta in deltas:
+                    generated += len(delta.token_ids)
+                    reply = replies[delta.choice]
+                    text = reply.push(delta.token_ids)
+                    if delta.finish_reason is not None:
+                        text += reply.finish()
+                    logprobs = None
+                    if body.logprobs:
+                        logprobs = self.logprobs(delta.token_ids, delta.logprobs, delta.top_logprobs)
+                    if text or delta.finish_reason is not None or (logprobs is not None and logprobs.content):
+                        choice = ChunkChoice(
+                            index=delta.choice,
+                            delta=Delta(content=text) if text else Delta(),
+                            finish_reason=delta.finish_reason,
+                            logprobs=logprobs,
+                        )
+                        yield event([choice])
+            if body.stream_options is not None and body.stream_options.include_usage:
+                yield event([], _usage(len(request.prompt_ids), generated))
+            yield "data: [DONE]\n\n"
+        except Exception as exc:  # noqa: BLE001 -- the status (200) is sent already; the stream ends with the error
+            yield sse_error(exc.cause if isinstance(exc, RayTaskError) else exc)
+        finally:
+            stream.cancel()
 
 
-def _usage(prompt_ids: list[int], result: GenerateResult) -> Usage:
-    completion = len(result.generation.token_ids)
-    return Usage(prompt_tokens=len(prompt_ids), completion_tokens=completion, total_tokens=len(prompt_ids) + completion)
+def _usage(prompt_tokens: int, completion_tokens: int) -> Usage:
+    return Usage(
+        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=prompt_tokens + completion_tokens
+    )
 
 
 def build_api(api: PolicyAPI) -> FastAPI:
@@ -215,7 +332,8 @@ def build_api(api: PolicyAPI) -> FastAPI:
 
     @app.get("/healthz")
     async def healthz() -> Health:
-        info = await api.policy.policy.remote()
+        await api.require_model()
+        info = await api.call(api.policy.policy.remote())
         return Health(weights_version=info["weights_version"])
 
     @app.get("/v1/models", dependencies=authorised)
@@ -224,47 +342,43 @@ def build_api(api: PolicyAPI) -> FastAPI:
 
     @app.get("/v1/policy", dependencies=authorised)
     async def policy() -> PolicyInfo:
-        return PolicyInfo(model=api.model_id, **await api.policy.policy.remote())
+        await api.require_model()
+        return PolicyInfo(model=api.model_id, **await api.call(api.policy.policy.remote()))
 
     @app.post("/v1/chat/completions", dependencies=authorised, response_model=None)
     async def chat_completions(request: Request) -> ChatCompletion | StreamingResponse:
         body = await api.read_body(request, ChatCompletionRequest)
-        prompt_ids, result = await api.complete(body)
+        completion = api.completion_request(body)
+        await api.require_model()
         if body.stream:
-            return StreamingResponse(api.stream(body, prompt_ids, result), media_type="text/event-stream")
-        return ChatCompletion(
-            id=f"chatcmpl-{uuid.uuid4().hex}",
-            created=int(time.time()),
-            model=api.model_id,
-            choices=[
-                Choice(
-                    index=0,
-                    message=AssistantMessage(content=api.chat.decode_reply(result.generation.token_ids)),
-                    finish_reason=result.generation.finish_reason,
-                )
-            ],
-            usage=_usage(prompt_ids, result),
-        )
+            weights_version, stream = await api.open_stream(completion)
+            return StreamingResponse(api.sse(body, completion, weights_version, stream), media_type="text/event-stream")
+        return await api.complete(body, completion)
 
     @app.post("/v1/act", dependencies=authorised)
     async def act(request: Request) -> ActResponse:
         body = await api.read_body(request, ActRequest)
         env = api.env(body.env)
-        cap = api.token_cap(body.max_tokens, "max_tokens")
         messages = [
             {"role": "system", "content": env.instruction},
             *(m.model_dump(exclude={"name"}) for m in body.history),
             {"role": "user", "content": body.observation},
         ]
-        result = await api.generate(api.prompt(messages), sampling_for(body.temperature, cap))
-        completion = api.chat.decode_reply(result.generation.token_ids)
-        parsed = env.parse_action(completion)
+        params = sampling_params(
+            temperature=body.temperature, top_p=None, max_new_tokens=api.token_cap(body.max_tokens, "max_tokens")
+        )
+        completion = CompletionRequest(prompt_ids=api.prompt(messages), params=params, seed=body.seed)
+        await api.require_model()
+        result: GenerateResult = await api.call(api.policy.generate.remote(completion))
+        choice = result.choices[0]
+        text = api.chat.decode_reply(choice.token_ids)
+        parsed = env.parse_action(text)
         invalid = isinstance(parsed, InvalidAction)
         return ActResponse(
             action=None if invalid else parsed,
             invalid_reason=parsed.reason if invalid else None,
-            completion=completion,
-            finish_reason=result.generation.finish_reason,
+            completion=text,
+            finish_reason=choice.finish_reason,
             weights_version=result.weights_version,
         )
 

@@ -1,8 +1,11 @@
-"""Generation engines behind one interface, looked up by name."""
+"""Generation engines behind one interface, looked up by name; and their serving form (continuous
+batching, token streaming) for the HTTP endpoint."""
 
 from __future__ import annotations
 
 from actors.engines.base import Engine, EngineUnavailableError, Generation
+from actors.engines.sampling import SamplingParams
+from actors.engines.serving import ChoiceDelta, CompletionRequest, CompletionStream, QueueFullError, ServingEngine
 from actors.models import resolve_dtype
 
 ENGINES = ("transformers", "vllm")
@@ -53,4 +56,70 @@ def make_engine(
     raise ValueError(f"unknown engine {name!r}; available engines: {', '.join(ENGINES)}")
 
 
-__all__ = ["ENGINES", "Engine", "EngineUnavailableError", "Generation", "make_engine"]
+def make_serving_engine(
+    name: str,
+    *,
+    model_name: str,
+    dtype: str,
+    seed: int,
+    stop_token_ids: list[int],
+    pad_token_id: int,
+    max_rows: int,
+    max_kv_tokens: int,
+    max_requests: int,
+) -> ServingEngine:
+    """Create the serving form of engine ``name`` (one of ``ENGINES``).
+
+    Args:
+        name: ``transformers`` (continuous batching over the sampler's decode step) or ``vllm``
+            (vLLM's own asynchronous engine).
+        model_name, dtype, seed, stop_token_ids, pad_token_id: as for :func:`make_engine`.
+        max_rows: most completions decoding at once.
+        max_kv_tokens: transformers: bound on the running batch's key/value positions; vLLM sizes its
+            paged cache from the GPU memory it is given.
+        max_requests: requests in flight (decoding or waiting) beyond which new ones are refused.
+
+    Raises:
+        ValueError: ``name`` is not a known engine.
+        EngineUnavailableError: the engine cannot run here (vLLM without the package or a CUDA GPU).
+    """
+    if name == "transformers":
+        from actors.engines.continuous import ContinuousBatcher
+
+        engine = make_engine(
+            name,
+            model_name=model_name,
+            dtype=dtype,
+            seed=seed,
+            stop_token_ids=stop_token_ids,
+            pad_token_id=pad_token_id,
+        )
+        return ContinuousBatcher(engine, max_rows=max_rows, max_kv_tokens=max_kv_tokens, max_requests=max_requests)
+    if name == "vllm":
+        from actors.engines.vllm_engine import VLLMEngine, VLLMServingEngine
+
+        engine = VLLMEngine(
+            model_name=model_name,
+            dtype=resolve_dtype(dtype),
+            seed=seed,
+            stop_token_ids=stop_token_ids,
+            max_num_seqs=max_rows,
+        )
+        return VLLMServingEngine(engine, max_requests=max_requests)
+    raise ValueError(f"unknown engine {name!r}; available engines: {', '.join(ENGINES)}")
+
+
+__all__ = [
+    "ENGINES",
+    "ChoiceDelta",
+    "CompletionRequest",
+    "CompletionStream",
+    "Engine",
+    "EngineUnavailableError",
+    "Generation",
+    "QueueFullError",
+    "SamplingParams",
+    "ServingEngine",
+    "make_engine",
+    "make_serving_engine",
+]

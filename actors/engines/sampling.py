@@ -1,9 +1,78 @@
-"""Token filtering and stop-string matching shared by the engines' decode loops."""
+"""Per-row sampling settings, token filtering and stop-string matching shared by the engines' decode loops."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from transformers import PreTrainedTokenizerBase
+
+from configs.schema import SamplingConfig
+
+# OpenAI's bound on `top_logprobs`; a row asks for at most this many alternatives per token.
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one row (one completion) is sampled; rows of one batch may differ in every field.
+
+    Attributes:
+        temperature: divides the logits before sampling (> 0; greedy decoding is ``top_k=1``).
+        top_p: nucleus mass kept (0 < top_p <= 1).
+        top_k: keep only the k likeliest tokens; 0 disables.
+        max_new_tokens: cap on the row's sampled tokens.
+        stop: strings that end the row once its reply contains one (the completing token is kept).
+        presence_penalty: subtracted once from the logit of every token already in the reply.
+        frequency_penalty: subtracted from a token's logit once per occurrence in the reply (both
+            penalties apply before the temperature, as in OpenAI's API and vLLM).
+        top_logprobs: alternatives per sampled token whose log-probabilities are reported (0: none).
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 64
+    stop: tuple[str, ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    top_logprobs: int = 0
+
+    def __post_init__(self) -> None:
+        problems = [
+            f"{name}={value!r} ({rule})"
+            for name, value, ok, rule in (
+                ("temperature", self.temperature, self.temperature > 0, "must be > 0; use top_k=1 for greedy"),
+                ("top_p", self.top_p, 0 < self.top_p <= 1, "must be in (0, 1]"),
+                ("top_k", self.top_k, self.top_k >= 0, "must be >= 0"),
+                ("max_new_tokens", self.max_new_tokens, self.max_new_tokens >= 1, "must be >= 1"),
+                ("top_logprobs", self.top_logprobs, 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS, "must be 0-20"),
+                ("stop", self.stop, all(self.stop), "strings must be non-empty"),
+            )
+            if not ok
+        ]
+        if problems:
+            raise ValueError(f"invalid sampling settings: {'; '.join(problems)}")
+
+    @classmethod
+    def from_config(cls, config: SamplingConfig) -> SamplingParams:
+        """The settings a sampler applies to every row of its batches."""
+        return cls(
+            temperature=config.temperature,
+            top_p=config.top_p,
+            top_k=config.top_k,
+            max_new_tokens=config.max_new_tokens,
+            stop=tuple(config.stop),
+        )
+
+    @property
+    def penalised(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def distribution(self) -> tuple[float, int, float]:
+        """The settings that shape the distribution a token is drawn from: (temperature, top_k, top_p)."""
+        return (self.temperature, self.top_k, self.top_p)
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:

@@ -17,19 +17,26 @@ starts. The engine keeps the :class:`~actors.engines.base.Engine` contract of th
 
 vLLM's engine is asynchronous; this class runs it on an event loop in a thread of its own so that
 ``generate`` keeps the synchronous signature the samplers call from a worker thread.
+
+:class:`VLLMServingEngine` serves HTTP requests through the same ``AsyncLLM``: every request goes
+straight into vLLM's scheduler (its continuous batching and paged key/value memory) and streams the
+tokens of each step back (``RequestOutputKind.DELTA``); a client that goes away aborts its request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import threading
-from collections.abc import Coroutine, Hashable
+from collections.abc import AsyncIterator, Coroutine, Hashable
 from typing import Any
 
 import torch
 
 from actors.engines.base import Engine, EngineUnavailableError, Generation
+from actors.engines.sampling import SamplingParams
+from actors.engines.serving import ChoiceDelta, CompletionRequest, ServingEngine, choice_seed
 from actors.models import model_dir
 from actors.weights import WeightsPayload, unpack_state_dict
 from configs.schema import SamplingConfig
@@ -75,6 +82,7 @@ class VLLMEngine(Engine):
         seed: seeds the stream that per-request seeds are drawn from when no generators are given.
         stop_token_ids: ids that end a turn.
         gpu_memory_utilization: share of the GPU vLLM may take (weights + KV cache).
+        max_num_seqs: most sequences vLLM decodes at once (None: vLLM's default).
 
     Raises:
         EngineUnavailableError: vllm is not installed or no CUDA GPU is visible.
@@ -88,6 +96,7 @@ class VLLMEngine(Engine):
         seed: int,
         stop_token_ids: list[int],
         gpu_memory_utilization: float = 0.5,
+        max_num_seqs: int | None = None,
     ) -> None:
         self._vllm = _import_vllm()
         self.stop_token_ids = sorted(set(stop_token_ids))
@@ -106,12 +115,49 @@ class VLLMEngine(Engine):
             gpu_memory_utilization=gpu_memory_utilization,
             logprobs_mode="processed_logprobs",
             worker_extension_cls=WORKER_EXTENSION,
+            **({} if max_num_seqs is None else {"max_num_seqs": max_num_seqs}),
         )
         self._llm = self._run(self._start(args))
 
     def _run(self, coroutine: Coroutine) -> Any:
         """Run ``coroutine`` on the engine's loop and wait for its result (from any other thread)."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+        return self.submit(coroutine).result()
+
+    def submit(self, coroutine: Coroutine) -> concurrent.futures.Future:
+        """Start ``coroutine`` on the engine's loop; cancelling the returned future cancels it there."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+
+    def sampling_params(self, params: SamplingParams, seed: int, *, stream: bool) -> Any:
+        """vLLM's ``SamplingParams`` for one sequence: the stop string is kept in the output, the sampled
+        token's log-probability (and ``params.top_logprobs`` alternatives) reported; ``stream``: every
+        step's new tokens (``DELTA``), else only the final output."""
+        kind = self._vllm["RequestOutputKind"]
+        return self._vllm["SamplingParams"](
+            n=1,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else -1,
+            max_tokens=params.max_new_tokens,
+            presence_penalty=params.presence_penalty,
+            frequency_penalty=params.frequency_penalty,
+            seed=seed,
+            stop=list(params.stop),
+            include_stop_str_in_output=True,
+            stop_token_ids=self.stop_token_ids,
+            logprobs=params.top_logprobs,
+            output_kind=kind.DELTA if stream else kind.FINAL_ONLY,
+        )
+
+    def tokens_prompt(self, prompt: list[int]) -> Any:
+        return self._vllm["TokensPrompt"](prompt_token_ids=prompt)
+
+    def next_request_id(self) -> str:
+        return f"agentgym-{next(self._request_ids)}"
+
+    @property
+    def llm(self) -> Any:
+        """The running ``AsyncLLM`` (use it only from coroutines started with :meth:`submit`)."""
+        return self._llm
 
     async def _start(self, args: Any) -> Any:
         # Created on its own loop: AsyncLLM binds its output handler to the loop it first runs on.
@@ -138,22 +184,9 @@ class VLLMEngine(Engine):
         )
 
     async def _generate_one(self, prompt: list[int], sampling: SamplingConfig, seed: int) -> Generation:
-        params = self._vllm["SamplingParams"](
-            n=1,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k if sampling.top_k > 0 else -1,
-            max_tokens=sampling.max_new_tokens,
-            seed=seed,
-            stop=list(sampling.stop),
-            include_stop_str_in_output=True,
-            stop_token_ids=self.stop_token_ids,
-            logprobs=0,
-            output_kind=self._vllm["RequestOutputKind"].FINAL_ONLY,
-        )
-        request = self._vllm["TokensPrompt"](prompt_token_ids=prompt)
+        params = self.sampling_params(SamplingParams.from_config(sampling), seed, stream=False)
         final = None
-        async for output in self._llm.generate(request, params, request_id=f"agentgym-{next(self._request_ids)}"):
+        async for output in self._llm.generate(self.tokens_prompt(prompt), params, request_id=self.next_request_id()):
             final = output
         completion = final.outputs[0]
         token_ids = list(completion.token_ids)
@@ -187,3 +220,93 @@ class VLLMEngine(Engine):
             await self._llm.collective_rpc("load_named_tensors", args=(chunk,))
         # Cached prefixes hold keys/values computed with the old weights.
         await self._llm.reset_prefix_cache()
+
+
+class VLLMServingEngine(ServingEngine):
+    """Serving through vLLM's ``AsyncLLM`` (see the module docstring): each choice of a request is one
+    vLLM request with its own seed; deltas cross from vLLM's loop to the caller's through a queue.
+
+    Args:
+        engine: the vLLM engine (its loop thread, weights loading and sampling settings).
+        max_requests: requests in flight beyond which new ones are refused (see ``ServingEngine``).
+    """
+
+    def __init__(self, engine: VLLMEngine, *, max_requests: int) -> None:
+        super().__init__(max_requests=max_requests)
+        self.engine = engine
+        self.counters = {"generated_tokens": 0, "finished": 0, "abandoned": 0}
+
+    @property
+    def weights_version(self) -> int:
+        return self.engine.weights_version
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return {**self.counters, **self.admission_stats(), "waiting": self.blocked}
+
+    async def _deltas(self, request: CompletionRequest) -> AsyncIterator[list[ChoiceDelta]]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        seeds = [
+            int(torch.randint(0, SEED_BOUND, (1,), generator=self.engine.generator))
+            if request.seed is None
+            else choice_seed(request.seed, choice) % SEED_BOUND
+            for choice in range(request.n)
+        ]
+        # Cancelling one of these futures cancels vLLM's generate on its loop, which aborts the request.
+        runs = [self.engine.submit(self._pump(request, choice, seed, queue, loop)) for choice, seed in enumerate(seeds)]
+        unfinished = request.n
+        try:
+            while unfinished:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                unfinished -= item.finish_reason is not None
+                self.counters["generated_tokens"] += len(item.token_ids)
+                yield [item]
+            self.counters["finished"] += request.n
+        finally:
+            if unfinished:
+                self.counters["abandoned"] += 1
+            for run in runs:
+                run.cancel()
+
+    async def _pump(
+        self,
+        request: CompletionRequest,
+        choice: int,
+        seed: int,
+        queue: asyncio.Queue,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        """On vLLM's loop: stream one choice's outputs into ``queue`` on the caller's ``loop``."""
+        params = self.engine.sampling_params(request.params, seed, stream=True)
+        prompt = self.engine.tokens_prompt(request.prompt_ids)
+        try:
+            async for output in self.engine.llm.generate(prompt, params, request_id=self.engine.next_request_id()):
+                completion = output.outputs[0]
+                ids = tuple(completion.token_ids)
+                steps = completion.logprobs  # one dict per new token: the sampled one, plus alternatives
+                delta = ChoiceDelta(
+                    choice=choice,
+                    token_ids=ids,
+                    logprobs=tuple(float(step[token].logprob) for token, step in zip(ids, steps, strict=True)),
+                    top_logprobs=tuple(_top(step, request.params.top_logprobs) for step in steps)
+                    if request.params.top_logprobs
+                    else (),
+                    finish_reason=None
+                    if completion.finish_reason is None
+                    else ("length" if completion.finish_reason == "length" else "stop"),
+                )
+                loop.call_soon_threadsafe(queue.put_nowait, delta)
+        except Exception as exc:  # noqa: BLE001 -- the reading request raises it
+            loop.call_soon_threadsafe(queue.put_nowait, exc)
+
+    async def _load(self, payload: WeightsPayload) -> None:
+        await asyncio.to_thread(self.engine.load_weights, payload)
+
+
+def _top(step: dict[int, Any], count: int) -> tuple[tuple[int, float], ...]:
+    """The ``count`` likeliest (token, log-prob) pairs of one step of vLLM's logprobs (ranked from 1)."""
+    ranked = sorted(step.items(), key=lambda item: item[1].rank)
+    return tuple((token, float(entry.logprob)) for token, entry in ranked[:count])

@@ -1,0 +1,246 @@
+"""Continuous batching over the transformers engine's decode step, for serving.
+
+One scheduler task owns the engine's model. Each turn of its loop, run in a worker thread so the
+event loop keeps accepting requests:
+
+1. drop the rows of requests whose client went away (and of nothing else: finished rows left the
+   batch the step they finished);
+2. admit waiting requests, first come first served, while the batch has rows and key/value room
+   for them: their prompts are prefilled together and merged into the running batch;
+3. one :meth:`~actors.engines.decode.DecodeBatch.step` for every row, each with its own settings
+   and stream; what it sampled goes to the requests' queues at once.
+
+Key/value memory is bounded: a row reserves ``len(prompt) + max_new_tokens`` positions, and rows
+are admitted only while ``rows * longest reservation <= max_kv_tokens`` (the batch is as wide as
+its longest row). Weight loads run in the same loop, between steps, when nothing is decoding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import structlog
+
+from actors.engines.decode import Row, StepToken
+from actors.engines.serving import (
+    ChoiceDelta,
+    CompletionRequest,
+    ServingEngine,
+    choice_seed,
+    seeded_generator,
+)
+from actors.engines.transformers_engine import TransformersEngine
+from actors.weights import WeightsPayload
+
+log = structlog.get_logger()
+
+
+@dataclass(eq=False)
+class _Pending:
+    """A request from submission until its client stops reading."""
+
+    request: CompletionRequest
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    rows: list[Row] = field(default_factory=list)
+    abandoned: bool = False
+
+    @property
+    def reserved(self) -> int:
+        """Key/value positions one of its rows can grow to."""
+        return len(self.request.prompt_ids) + self.request.params.max_new_tokens
+
+
+class ContinuousBatcher(ServingEngine):
+    """Serves requests from one running decode batch that rows join and leave at every step.
+
+    Args:
+        engine: the engine whose model, stop ids and shared stream it uses (nothing else may call
+            its ``generate`` meanwhile).
+        max_rows: most completions decoding at once.
+        max_kv_tokens: bound on the batch's key/value positions (rows x longest reserved row).
+        max_requests: requests in flight beyond which new ones are refused (see ``ServingEngine``).
+    """
+
+    def __init__(self, engine: TransformersEngine, *, max_rows: int, max_kv_tokens: int, max_requests: int) -> None:
+        super().__init__(max_requests=max_requests)
+        self.engine = engine
+        self.max_rows = max_rows
+        self.max_kv_tokens = max_kv_tokens
+        self.batch = engine.decode_batch(keep_finished=False)
+        self.waiting: deque[_Pending] = deque()
+        self.loads: deque[tuple[WeightsPayload, asyncio.Future]] = deque()
+        self.wake = asyncio.Event()
+        self.scheduler: asyncio.Task | None = None
+        self.counters = {"steps": 0, "generated_tokens": 0, "prefill_tokens": 0, "finished": 0, "abandoned": 0}
+
+    @property
+    def weights_version(self) -> int:
+        return self.engine.weights_version
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return {
+            **self.counters,
+            **self.admission_stats(),
+            "waiting": len(self.waiting) + self.blocked,
+            "decoding_rows": len(self.batch.rows),
+            "kv_positions": len(self.batch.rows) * self.batch.width,
+        }
+
+    def check(self, request: CompletionRequest) -> None:
+        reserved = len(request.prompt_ids) + request.params.max_new_tokens
+        if request.n > self.max_rows or request.n * reserved > self.max_kv_tokens:
+            raise ValueError(
+                f"a request of n={request.n} x ({len(request.prompt_ids)} prompt + {request.params.max_new_tokens} "
+                f"new tokens) can never fit this engine ({self.max_rows} rows, {self.max_kv_tokens} key/value "
+                "positions); lower n, max_tokens or the prompt"
+            )
+
+    async def _deltas(self, request: CompletionRequest) -> AsyncIterator[list[ChoiceDelta]]:
+        pending = _Pending(request)
+        self.waiting.append(pending)
+        if self.scheduler is None or self.scheduler.done():
+            self.scheduler = asyncio.get_running_loop().create_task(self._schedule())
+        self.wake.set()
+        unfinished = request.n
+        try:
+            while unfinished:
+                items = [await pending.queue.get()]
+                while not pending.queue.empty():  # a slow reader takes every step waiting for it at once
+                    items.append(pending.queue.get_nowait())
+                deltas = []
+                for item in items:
+                    if isinstance(item, BaseException):
+                        raise item
+                    deltas.extend(item)
+                unfinished -= sum(delta.finish_reason is not None for delta in deltas)
+                yield _coalesce(deltas)
+        finally:
+            if unfinished:
+                pending.abandoned = True
+                self.counters["abandoned"] += 1
+                self.wake.set()
+
+    async def _load(self, payload: WeightsPayload) -> None:
+        done = asyncio.get_running_loop().create_future()
+        self.loads.append((payload, done))
+        if self.scheduler is None or self.scheduler.done():
+            self.scheduler = asyncio.get_running_loop().create_task(self._schedule())
+        self.wake.set()
+        await done
+
+    async def _schedule(self) -> None:
+        while True:
+            self.waiting = deque(p for p in self.waiting if not p.abandoned)
+            dropped = [row for row in self.batch.rows if row.tag[0].abandoned]
+            live = len(self.batch.rows) - len(dropped)
+            if self.loads and not live and not self.waiting:
+                await self._swap_weights(dropped)
+                continue
+            admitted = self._admissible(live)
+            if not live and not admitted:
+                if dropped:
+                    self.batch.drop(dropped)
+                self.wake.clear()
+                await self.wake.wait()
+                continue
+            try:
+                tokens = await asyncio.to_thread(self._advance, dropped, admitted)
+            except Exception as exc:  # every request in the batch learns why; serving goes on
+                log.exception("decode step failed; failing the requests in the batch")
+                for pending in {row.tag[0] for row in self.batch.rows} | set(admitted):
+                    pending.queue.put_nowait(exc)
+                self.batch.drop(list(self.batch.rows))
+                continue
+            self._deliver(tokens)
+
+    def _admissible(self, live: int) -> list[_Pending]:
+        """Waiting requests that fit now, in arrival order (the first that does not fit stops the scan)."""
+        rows = live
+        longest = max((row.tag[0].reserved for row in self.batch.rows if not row.tag[0].abandoned), default=0)
+        admitted = []
+        while self.waiting:
+            pending = self.waiting[0]
+            wanted, reach = rows + pending.request.n, max(longest, pending.reserved)
+            if wanted > self.max_rows or wanted * reach > self.max_kv_tokens:
+                break
+            admitted.append(self.waiting.popleft())
+            rows, longest = wanted, reach
+        return admitted
+
+    def _advance(self, dropped: list[Row], admitted: list[_Pending]) -> list[StepToken]:
+        """Worker thread: drop, admit, step."""
+        if dropped:
+            self.batch.drop(dropped)
+        if admitted:
+            prompts, rows = [], []
+            for pending in admitted:
+                request = pending.request
+                stops = self.engine.stop_strings(request.params.stop)
+                for choice in range(request.n):
+                    generator = None if request.seed is None else seeded_generator(choice_seed(request.seed, choice))
+                    pending.rows.append(
+                        Row(params=request.params, generator=generator, stops=stops, tag=(pending, choice))
+                    )
+                    prompts.append(request.prompt_ids)
+                rows.extend(pending.rows)
+            self.counters["prefill_tokens"] += self.batch.add(prompts, rows)
+        if not self.batch.rows:
+            return []
+        self.counters["steps"] += 1
+        return self.batch.step()
+
+    def _deliver(self, tokens: list[StepToken]) -> None:
+        self.counters["generated_tokens"] += len(tokens)
+        per_request: dict[_Pending, list[ChoiceDelta]] = {}
+        for token in tokens:
+            pending, choice = token.row.tag
+            per_request.setdefault(pending, []).append(
+                ChoiceDelta(
+                    choice=choice,
+                    token_ids=(token.token_id,),
+                    logprobs=(token.logprob,),
+                    top_logprobs=(token.top_logprobs,) if token.row.params.top_logprobs else (),
+                    finish_reason=token.finish_reason,
+                )
+            )
+            if token.finish_reason is not None:
+                self.counters["finished"] += 1
+        for pending, deltas in per_request.items():
+            if not pending.abandoned:
+                pending.queue.put_nowait(deltas)
+
+    async def _swap_weights(self, dropped: list[Row]) -> None:
+        payload, done = self.loads.popleft()
+
+        def swap() -> None:
+            self.batch.drop(dropped)
+            self.engine.load_weights(payload)
+
+        try:
+            await asyncio.to_thread(swap)
+        except Exception as exc:  # noqa: BLE001 -- the caller of load_weights gets it
+            done.set_exception(exc)
+        else:
+            done.set_result(None)
+
+
+def _coalesce(deltas: list[ChoiceDelta]) -> list[ChoiceDelta]:
+    """One delta per choice, in choice order, from several steps' deltas."""
+    merged: dict[int, ChoiceDelta] = {}
+    for delta in deltas:
+        before = merged.get(delta.choice)
+        if before is None:
+            merged[delta.choice] = delta
+            continue
+        merged[delta.choice] = ChoiceDelta(
+            choice=delta.choice,
+            token_ids=before.token_ids + delta.token_ids,
+            logprobs=before.logprobs + delta.logprobs,
+            top_logprobs=before.top_logprobs + delta.top_logprobs,
+            finish_reason=delta.finish_reason,
+        )
+    return [merged[choice] for choice in sorted(merged)]

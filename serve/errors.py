@@ -1,0 +1,132 @@
+"""The one place where failures become HTTP statuses, in OpenAI's error shape.
+
+Every error body is ``{"error": {"message", "type", "param", "code"}}``, so the ``openai`` client
+raises its matching exception (``BadRequestError`` for 400, ``AuthenticationError`` 401,
+``NotFoundError`` 404, ``RateLimitError`` 429, ``InternalServerError`` 5xx) with the message:
+
+| status | when |
+|---|---|
+| 400 | invalid JSON, a bad or unknown field (``param`` names it), a limit exceeded (``max_tokens``, ``n``, prompt) |
+| 401 | missing or wrong API key |
+| 404 | unknown model, env or route |
+| 405 | a route called with the wrong method |
+| 413 | request body over ``serve.max_body_bytes`` |
+| 429 | the replica holds its most requests (``serve.max_batch_size + serve.max_queued_requests``) |
+| 503 | the model is still loading (with ``Retry-After``) |
+| 500 | anything else |
+"""
+
+from __future__ import annotations
+
+import json
+
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from ray.serve.exceptions import BackPressureError
+from starlette.exceptions import HTTPException
+
+from actors.engines import QueueFullError
+
+log = structlog.get_logger()
+
+RETRY_AFTER_S = 1
+ROUTES = "routes: POST /v1/chat/completions, GET /v1/models, POST /v1/act, GET /v1/policy, GET /healthz"
+TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable_error",
+}
+
+
+class APIError(Exception):
+    """A request the server refuses; ``status`` is the HTTP status, ``message`` says what to change.
+
+    Args:
+        status: HTTP status.
+        message: what was wrong and how to fix it.
+        param: the request field at fault, if one is.
+        code: a short machine-readable reason (``invalid_api_key``, ``model_not_found``, ...).
+    """
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": TYPES.get(status, "server_error"), "param": param, "code": code}}
+
+
+def error_response(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+    headers = {}
+    if status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    if status in (429, 503):
+        headers["Retry-After"] = str(RETRY_AFTER_S)
+    return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
+
+
+def sse_error(exc: Exception) -> str:
+    """The SSE event that ends a stream whose status (200) has already been sent."""
+    return f"data: {json.dumps(error_body(500, f'generation failed: {exc}', code='internal_error'))}\n\n"
+
+
+def _validation(errors: list[dict]) -> JSONResponse:
+    """400 naming every bad field in the message, the first one as ``param`` and ``code``."""
+    parts, params, codes = [], [], []
+    for error in errors:
+        path = [str(p) for p in error.get("loc", ()) if p != "body"]
+        where = ".".join(path)
+        if error["type"] == "extra_forbidden":
+            parts.append(f"unrecognized request argument supplied: {where}")
+            codes.append("unrecognized_argument")
+        elif error["type"] == "json_invalid":
+            parts.append(f"request body is not valid JSON: {error['msg']}")
+            codes.append("invalid_json")
+        else:
+            parts.append(f"{where or 'body'}: {error['msg']}")
+            codes.append("invalid_value")
+        params.append(where or None)
+    return error_response(400, "; ".join(parts), params[0] if params else None, codes[0] if codes else None)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the mapping above on ``app``."""
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.param, exc.code)
+
+    @app.exception_handler(ValidationError)
+    async def _invalid_body(_: Request, exc: ValidationError) -> JSONResponse:
+        return _validation(exc.errors())
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return _validation(list(exc.errors()))
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            return error_response(404, f"no route {request.method} {request.url.path}; {ROUTES}", code="not_found")
+        return error_response(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
+
+    @app.exception_handler(QueueFullError)
+    @app.exception_handler(BackPressureError)
+    async def _busy(_: Request, exc: Exception) -> JSONResponse:
+        return error_response(429, f"server busy: {exc}", code="rate_limit_exceeded")
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("request failed", error=str(exc))
+        return error_response(500, f"internal error: {exc}", code="internal_error")
