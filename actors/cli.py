@@ -27,6 +27,7 @@ log = structlog.get_logger()
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    configure_logging()  # what loading the config warns about (e.g. keys dropped for a new algorithm)
     config, run_dir = prepare_run(args.config, args.set, args.resume)
     configure_logging(config.logging.level)
     envs = [entry.name for entry in config.envs] or config.env.name
@@ -155,21 +156,29 @@ def cmd_data(args: argparse.Namespace) -> int:
 def cmd_envs(args: argparse.Namespace) -> int:
     print(f"{'env':<16} {'split':<6} {'tasks':>8}")
     for name in names():
-        doc = (env_class(name).__doc__ or "").strip().splitlines()
-        try:
-            env = make(name)
-        except (EnvError, pydantic.ValidationError) as exc:
-            # e.g. a remote env without its server address, or SciWorld without Java
-            reason = str(exc).strip().splitlines()[0]
-            print(f"{name:<16} {'-':<6} {'-':>8}  (cannot list: {reason})")
-            continue
-        try:
-            for split in ("train", "test"):
-                print(f"{name:<16} {split:<6} {len(env.tasks(split)):>8}")
-        finally:
-            env.close()
+        cls = env_class(name)
+        doc = (cls.__doc__ or "").strip().splitlines()
+        options = getattr(cls, "Options", None)
+        required = [key for key, field in options.model_fields.items() if field.is_required()] if options else []
+        if required:
+            # e.g. a remote env: its tasks live on a server whose address only the user knows
+            settings = ", ".join(f"env.options.{key}" for key in required)
+            print(f"{name:<16} {'-':<6} {'-':>8}  (needs options: {settings})")
+        else:
+            try:
+                env = make(name)
+            except (EnvError, pydantic.ValidationError) as exc:
+                # e.g. SciWorld without Java
+                reason = str(exc).strip().splitlines()[0]
+                print(f"{name:<16} {'-':<6} {'-':>8}  (cannot list here: {reason})")
+            else:
+                try:
+                    for split in ("train", "test"):
+                        print(f"{name:<16} {split:<6} {len(env.tasks(split)):>8}")
+                finally:
+                    env.close()
         if doc:
-            print(f"  {doc[0]}")
+            print(f"  {doc[0].replace('``', '')}")
     return 0
 
 

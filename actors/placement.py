@@ -5,10 +5,16 @@ from the config); env actors are cheap and many, so they are spread over the nod
 ``SPREAD`` strategy) and a lost node takes only a share of them. The pools grow only into room that
 exists now: ``fit_count`` packs requests into each live node's free resources, so an actor is
 started only where it can be placed at once and never waits as a pending request.
+
+Before a run starts any actor, ``plan_actors`` packs what the run needs at the least (learners, the
+serve replicas, each pool's ``sampler.min_count`` samplers with ``sampler.min_envs_per_sampler`` env
+actors each) into the nodes' total resources and fails at once, naming the numbers, when they do not
+fit; the room left decides how many samplers, with how many env actors, each pool starts with.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -97,6 +103,108 @@ def sampler_room(free: list[dict[str, float]], config: SamplerConfig, limit: int
         free[:] = trial
         placed += 1
     return placed
+
+
+@dataclass(frozen=True)
+class ActorNeed:
+    """``count`` actors of one kind, each reserving ``request`` on one node; ``what`` names them and the
+    settings behind them (for messages)."""
+
+    what: str
+    request: dict[str, float]
+    count: int
+
+
+@dataclass(frozen=True)
+class PoolNeed:
+    """One env's sampler pool: its sampler actors and the env actors each of them owns."""
+
+    env: str
+    sampler: dict[str, float]
+    env_actor: dict[str, float]
+    min_count: int
+    count: int
+    min_envs: int
+    envs: int
+
+
+class PlacementError(RuntimeError):
+    """The actors a run needs at the least do not fit the cluster; the message names the numbers."""
+
+
+def node_capacities() -> list[dict[str, float]]:
+    """The total resources of each live node (what fits when nothing else runs)."""
+    return [dict(node["Resources"]) for node in ray.nodes() if node["Alive"]]
+
+
+def plan_actors(nodes: list[dict[str, float]], fixed: list[ActorNeed], pools: list[PoolNeed]) -> list[list[int]]:
+    """The samplers each pool starts with, as the env actor count of each (pure; see ``fit_count``).
+
+    First the run's minimum, all pools together: every ``fixed`` actor, then each pool's ``min_count``
+    samplers with ``min_envs`` env actors each. Then, pool by pool, into the room left: the minimum
+    samplers' env actors up to ``envs``, then more samplers up to ``count``, each only with all of its
+    ``envs`` env actors (a sampler is never started without room for its env actors).
+
+    Args:
+        nodes: resources per node, e.g. ``[{"CPU": 2.0}]``.
+        fixed: learners, serve replicas: actors that must all fit.
+        pools: the sampler pools, one per env.
+
+    Returns:
+        For each pool, one entry per sampler to start: its number of env actors.
+
+    Raises:
+        PlacementError: the minimum does not fit; the message lists every need, the totals and the nodes.
+    """
+    free = [dict(node) for node in nodes]
+    for need in fixed:
+        if fit_count(free, need.request, need.count) < need.count:
+            raise PlacementError(_shortfall(nodes, fixed, pools, f"{need.what} x {_fmt(need.request)}"))
+    for pool in pools:
+        for _ in range(pool.min_count):
+            if not fit_count(free, pool.sampler, 1) or fit_count(free, pool.env_actor, pool.min_envs) < pool.min_envs:
+                raise PlacementError(_shortfall(nodes, fixed, pools, f"the samplers of env {pool.env}"))
+    plans = []
+    for pool in pools:
+        plan = [
+            pool.min_envs + fit_count(free, pool.env_actor, pool.envs - pool.min_envs) for _ in range(pool.min_count)
+        ]
+        while len(plan) < pool.count:
+            trial = [dict(node) for node in free]
+            if not fit_count(trial, pool.sampler, 1) or fit_count(trial, pool.env_actor, pool.envs) < pool.envs:
+                break
+            free[:] = trial
+            plan.append(pool.envs)
+        plans.append(plan)
+    return plans
+
+
+def _fmt(request: dict[str, float]) -> str:
+    return "{" + ", ".join(f"{name}: {amount:g}" for name, amount in request.items()) + "}"
+
+
+def _shortfall(nodes: list[dict[str, float]], fixed: list[ActorNeed], pools: list[PoolNeed], culprit: str) -> str:
+    """The message of a minimum that does not fit: every need, the totals, what each node has."""
+    needs = [f"{need.count} {need.what} x {_fmt(need.request)}" for need in fixed if need.count]
+    total: dict[str, float] = {}
+    for need in fixed:
+        for name, amount in need.request.items():
+            total[name] = total.get(name, 0.0) + need.count * amount
+    for pool in pools:
+        needs.append(
+            f"{pool.min_count} sampler(s) of env {pool.env} (sampler.min_count) x {_fmt(pool.sampler)}, each with "
+            f"{pool.min_envs} env actor(s) (sampler.min_envs_per_sampler) x {_fmt(pool.env_actor)}"
+        )
+        for request, count in ((pool.sampler, pool.min_count), (pool.env_actor, pool.min_count * pool.min_envs)):
+            for name, amount in request.items():
+                total[name] = total.get(name, 0.0) + count * amount
+    names = list(total)
+    have = "; ".join(f"node {i}: {_fmt({n: node.get(n, 0.0) for n in names})}" for i, node in enumerate(nodes))
+    return (
+        f"the cluster cannot hold the actors this run needs at the least: {'; '.join(needs)}. In all "
+        f"{_fmt(total)}, and the cluster's {len(nodes)} node(s) have {have or 'nothing'} ({culprit} did not fit). "
+        "Add nodes or raise ray.num_cpus (local Ray), or lower those counts and num_cpus settings"
+    )
 
 
 def has_room(request: dict[str, float]) -> bool:

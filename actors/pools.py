@@ -111,19 +111,31 @@ class SamplerPool:
 
     # ----------------------------------------------------------------------------- starting and growing
 
-    def start(self) -> None:
-        """Start ``sampler.count`` samplers (requested whether or not there is room now, so that a cluster
-        autoscaler sees the demand); those not up within ``sampler.start_timeout_s`` are given up.
+    def start(self, env_actors: list[int]) -> None:
+        """Start one sampler per entry of ``env_actors`` (``actors.placement.plan_actors``' plan for this
+        pool), each with that many env actors; those not up within ``sampler.start_timeout_s`` are given
+        up. A plan below ``sampler.count`` is said in a warning: the pool grows when room appears.
 
         Raises:
             PoolError: fewer than ``sampler.min_count`` started.
         """
-        self._spawn(self.config.sampler.count)
+        cfg = self.config.sampler
+        self._spawn(env_actors)
         self._check_minimum()
+        if len(env_actors) < cfg.count:
+            log.warning(
+                "the sampler pool is smaller than asked: no room for more samplers with their env actors",
+                samplers=len(self.samplers),
+                asked=cfg.count,
+                sampler_needs=sampler_request(cfg),
+                env_actors_per_sampler=cfg.envs_per_sampler,
+                env_actor_needs=env_request(cfg),
+            )
         log.info("sampler pool started", samplers=len(self.samplers), env_actors=self.env_actors())
 
-    def _spawn(self, count: int) -> list[ray.actor.ActorHandle]:
-        """Start ``count`` samplers, wait for them, load the current weights, register them; returns those up."""
+    def _spawn(self, env_actors: list[int]) -> list[ray.actor.ActorHandle]:
+        """Start a sampler per entry of ``env_actors`` (with that many env actors), wait for them, load the
+        current weights, register them; returns those up."""
         cfg = self.config
         sampler_cls = ray.remote(SamplerActor).options(
             num_cpus=cfg.sampler.num_cpus,
@@ -132,9 +144,14 @@ class SamplerPool:
             max_concurrency=1000,
         )
         fresh = []
-        for _ in range(count):
+        for count in env_actors:
             handle = sampler_cls.remote(
-                index=self.next_index, model=cfg.model, sampler=cfg.sampler, env=cfg.env, seed=cfg.run.seed
+                index=self.next_index,
+                model=cfg.model,
+                sampler=cfg.sampler,
+                env=cfg.env,
+                seed=cfg.run.seed,
+                env_actors=count,
             )
             self.indices[handle] = self.next_index
             self.next_index += 1
@@ -172,7 +189,7 @@ class SamplerPool:
         missing = self.max_count - len(self.samplers)
         room = sampler_room(free, self.config.sampler, missing) if missing > 0 else 0
         if room:
-            counts["pool/samplers_added"] += len(self._spawn(room))
+            counts["pool/samplers_added"] += len(self._spawn([self.config.sampler.envs_per_sampler] * room))
         wanted = sum(max(self.max_envs - self.env_counts[s], 0) for s in self.samplers)
         room = fit_count(free, env_request(self.config.sampler), wanted) if wanted else 0
         if room:
@@ -285,7 +302,7 @@ class SamplerPool:
         dispatch = self.calls.pop(ref)
         self.lose(dispatch.sampler, iteration, reason)
         if not self.samplers and sampler_room(free_resources_per_node(), self.config.sampler, 1):
-            self.counters[iteration]["pool/samplers_added"] += len(self._spawn(1))
+            self.counters[iteration]["pool/samplers_added"] += len(self._spawn([self.config.sampler.envs_per_sampler]))
         if not self.samplers:
             raise PoolError(
                 f"every sampler died and no node has room to start a new one (each needs "

@@ -61,9 +61,20 @@ class SamplerActor:
         sampler: sampler section of the config.
         env: env section of the config.
         seed: the run seed.
+        env_actors: env actors to start with; None: ``sampler.envs_per_sampler`` (a pool starts fewer where
+            the cluster has room for fewer).
     """
 
-    def __init__(self, *, index: int, model: ModelConfig, sampler: SamplerConfig, env: EnvConfig, seed: int) -> None:
+    def __init__(
+        self,
+        *,
+        index: int,
+        model: ModelConfig,
+        sampler: SamplerConfig,
+        env: EnvConfig,
+        seed: int,
+        env_actors: int | None = None,
+    ) -> None:
         torch.set_num_threads(sampler.num_threads or os.cpu_count() or 1)
         self.index = index
         self.config = sampler
@@ -83,7 +94,8 @@ class SamplerActor:
         )
         # Each episode attempt gets its own key: the engine keeps its keys/values between turns.
         self.episode_keys = itertools.count()
-        self.envs = [start_env_actor(env, sampler) for _ in range(sampler.envs_per_sampler)]
+        count = sampler.envs_per_sampler if env_actors is None else env_actors
+        self.envs = [start_env_actor(env, sampler) for _ in range(count)]
         self.ready: set[ray.actor.ActorHandle] = set()  # env actors known to have started
         self.instruction: str | None = None
         self.free_envs: asyncio.Queue | None = None

@@ -25,6 +25,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from actors.chat import ChatFormat
 from actors.mix import EnvSlot, apportion, check_envs, env_metrics, env_run_config, mix_entries, schedule_seed
 from actors.models import load_tokenizer, model_dir
+from actors.placement import (
+    ActorNeed,
+    PlacementError,
+    PoolNeed,
+    clean_request,
+    env_request,
+    node_capacities,
+    plan_actors,
+    sampler_request,
+)
 from actors.pools import PoolError, SamplerPool, sampler_lost
 from actors.rundir import CONFIG_FILE, TRAINER_STATE, RunDir
 from actors.sampler import EpisodeRequest
@@ -32,9 +42,9 @@ from actors.tracking import WandbTracker, select_trajectories, wandb_tracker
 from actors.trajectory import Trajectory
 from configs import Config, ConfigError, load_config
 from configs.schema import MixEntry
-from envs import EnvError, make
+from envs import EnvError, TextEnv, make
 from learner.actor import LearnerActor
-from learner.algorithms import Algorithm, AlgorithmConfigError, build_algorithm
+from learner.algorithms import Algorithm, AlgorithmConfigError, build_algorithm, resolve_algorithm
 
 log = structlog.get_logger()
 
@@ -187,6 +197,7 @@ class Trainer:
             if not self.mixed:
                 raise
             raise TrainError(f"{source} ({entry.name}): {exc}") from exc
+        warn_without_state_keys(self.algorithm, env, entry.name)
         try:
             tasks = list(env.tasks(entry.split))
         finally:
@@ -201,10 +212,11 @@ class Trainer:
         entries = mix_entries(cfg)
         shares = apportion(cfg.trainer.tasks_per_iteration, [entry.weight for entry in entries])
         self.slots = [self._new_slot(i, entry, n) for i, (entry, n) in enumerate(zip(entries, shares, strict=True))]
+        plans = plan_run(cfg)
         self._start_learners()
-        for slot in self.slots:
+        for slot, plan in zip(self.slots, plans, strict=True):
             try:
-                slot.pool.start()
+                slot.pool.start(plan)
             except PoolError as exc:
                 raise self._pool_error(slot, exc) from exc
         # Where a learner restart goes back to while no checkpoint exists.
@@ -350,7 +362,7 @@ class Trainer:
         from serve.app import ServeArgs, ServeError, start_server
 
         cfg = self.config
-        args = ServeArgs(model=cfg.model.name, dtype=cfg.sampler.dtype, seed=cfg.run.seed, serve=cfg.serve)
+        args = ServeArgs.for_training(cfg)  # the sampler's dtype and engine unless serve.engine is set
         try:
             self.policy_server = start_server(args)
         except ServeError as exc:
@@ -716,6 +728,81 @@ def episode_seed(run_seed: int, iteration: int, group: int, index: int) -> int:
     return int(np.random.SeedSequence([run_seed, iteration, group, index]).generate_state(1)[0])
 
 
+def run_needs(config: Config) -> tuple[list[ActorNeed], list[PoolNeed]]:
+    """What ``config``'s run starts at the least: its learners and serve replicas, and per env a sampler
+    pool (``sampler.min_count`` samplers with ``sampler.min_envs_per_sampler`` env actors each; offline
+    mode has none)."""
+    cfg = config
+    fixed = [
+        ActorNeed(
+            "learner(s) (learner.count, learner.num_cpus, learner.resources)",
+            clean_request({"CPU": cfg.learner.num_cpus, **cfg.learner.resources}),
+            cfg.learner.count,
+        )
+    ]
+    if cfg.serve.enabled:
+        from serve.app import INGRESS_CPUS, replica_gpus  # Ray Serve is imported only by runs that serve
+
+        scaling = cfg.serve.autoscaling
+        replicas = scaling.min_replicas if scaling is not None else cfg.serve.num_replicas
+        replica = clean_request({"CPU": cfg.serve.num_cpus, "GPU": replica_gpus(cfg.serve)})
+        fixed.append(
+            ActorNeed("serve replica(s) (serve.num_replicas, serve.num_cpus, serve.num_gpus)", replica, replicas)
+        )
+        fixed.append(ActorNeed("serve HTTP ingress", {"CPU": INGRESS_CPUS}, 1))
+    if cfg.trainer.mode == "offline":
+        return fixed, []
+    sampler = cfg.sampler
+    pools = [
+        PoolNeed(
+            env=entry.name,
+            sampler=sampler_request(sampler),
+            env_actor=env_request(sampler),
+            min_count=sampler.min_count,
+            count=sampler.count,
+            min_envs=sampler.min_envs_per_sampler,
+            envs=sampler.envs_per_sampler,
+        )
+        for entry in mix_entries(cfg)
+    ]
+    return fixed, pools
+
+
+def plan_run(config: Config) -> list[list[int]]:
+    """Check that ``config``'s run fits the cluster before any of its actors starts, and plan its pools: per
+    env, the env actor count of each sampler to start (``actors.placement.plan_actors``).
+
+    Raises:
+        TrainError: the run's minimum does not fit; the message names every number.
+    """
+    fixed, pools = run_needs(config)
+    try:
+        return plan_actors(node_capacities(), fixed, pools)
+    except PlacementError as exc:
+        raise TrainError(str(exc)) from None
+
+
+def algorithm_keys(name: str) -> set[str] | None:
+    """The hyperparameter keys of algorithm ``name`` (its ``Config`` fields), or None for a name that does not
+    resolve (``check_algorithm`` reports it)."""
+    try:
+        return set(resolve_algorithm(name).Config.model_fields)
+    except AlgorithmConfigError:
+        return None
+
+
+def warn_without_state_keys(algorithm: Algorithm, env: TextEnv, name: str) -> None:
+    """Warn when ``algorithm`` compares turns by env state (GiGPO) but env ``name`` supplies no state keys:
+    its turns then get the episode-level advantages only."""
+    if algorithm.uses_state_keys and not env.has_state_key():
+        log.warning(
+            "env supplies no state keys: its turns get episode-level advantages only",
+            env=name,
+            algorithm=type(algorithm).__name__,
+            fix="implement TextEnv.state_key for this env",
+        )
+
+
 def check_algorithm(config: Config) -> None:
     """Validate the algorithm section against the chosen algorithm before anything starts."""
     try:
@@ -725,8 +812,14 @@ def check_algorithm(config: Config) -> None:
     if config.trainer.dynamic_sampling.enabled and not algorithm.skips_uninformative_groups:
         raise ConfigError(
             f"invalid config: trainer.dynamic_sampling.enabled refills groups that the algorithm would skip, but "
-            f"{config.algorithm.name!r} skips none (grpo and rloo do with skip_uniform_groups=true, dpo always); "
-            "set trainer.dynamic_sampling.enabled=false"
+            f"{config.algorithm.name!r} skips none (grpo, rloo, gigpo, gspo and cispo do with "
+            "skip_uniform_groups=true, dpo always); set trainer.dynamic_sampling.enabled=false"
+        )
+    if algorithm.corrects_rollout_mismatch and config.learner.old_logprobs == "sampler":
+        raise ConfigError(
+            "invalid config: algorithm.rollout_correction weighs tokens by the learner's old log-probs against "
+            "the sampler's, but learner.old_logprobs=sampler (async mode sets it) makes them the same; set "
+            "algorithm.rollout_correction=none, or train in sync mode with learner.old_logprobs auto or recompute"
         )
 
 
@@ -740,13 +833,13 @@ def prepare_run(config_path: str | None, overrides: list[str], resume: str | Non
         path = Path(resume)
         if not (path / CONFIG_FILE).is_file():
             raise TrainError(f"--resume {resume}: no {CONFIG_FILE} there; give a run directory made by train")
-        config = load_config(path / CONFIG_FILE, overrides)
+        config = load_config(path / CONFIG_FILE, overrides, algorithm_keys=algorithm_keys)
         check_algorithm(config)
         check_envs(config)
         run_dir = RunDir(path)
         run_dir.create(config)
         return config, run_dir
-    config = load_config(config_path, overrides)
+    config = load_config(config_path, overrides, algorithm_keys=algorithm_keys)
     check_algorithm(config)
     check_envs(config)
     if config.run.name is None:
@@ -767,6 +860,7 @@ def train(config: Config, run_dir: RunDir, *, resume: bool = False) -> dict:
     ChatFormat(load_tokenizer(config.model.name))
     init_ray(config)
     try:
+        plan_run(config)  # before any actor starts: a run that cannot fit fails now, not after a start timeout
         if config.warm_start.iterations:
             from actors.warm_start import run_warm_start  # it builds on Trainer, so it is imported here
 

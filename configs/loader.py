@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
+import structlog
 import yaml
 from pydantic import ValidationError
 
-from configs.schema import Config
+from configs.schema import AlgorithmConfig, Config
+
+log = structlog.get_logger()
 
 PRESET_DIR = Path(__file__).resolve().parent
 DEFAULT_PRESET = "quickstart.yaml"
@@ -67,8 +71,21 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    *,
+    algorithm_keys: Callable[[str], Collection[str] | None] | None = None,
+) -> Config:
     """Read ``path`` (default: the quickstart preset), apply ``overrides`` and validate.
+
+    Args:
+        path: a YAML file or a preset name.
+        overrides: ``section.key=value`` items, applied in order.
+        algorithm_keys: the hyperparameter keys an algorithm name accepts (None when the name is unknown).
+            Given, an override that switches ``algorithm.name`` drops the file's algorithm keys the new
+            algorithm does not accept (one warning names them), so ``--set algorithm.name=sft`` works on a
+            preset written for GRPO; keys set by ``overrides`` are always kept and validated.
 
     Raises:
         ConfigError: the file is missing or malformed, or a key or value is invalid; the
@@ -81,12 +98,53 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         raise ConfigError(f"{file}: not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{file}: the top level must be a mapping of sections, got {type(data).__name__}")
+    section = data.get("algorithm")
+    from_file = dict(section) if isinstance(section, dict) else {}
     for item in overrides or []:
         apply_override(data, item)
+    if algorithm_keys is not None:
+        set_here = {path[1] for path, _ in map(parse_override, overrides or []) if path[0] == "algorithm" and path[1:]}
+        drop_unknown_algorithm_keys(data, from_file, set_here, algorithm_keys, source=str(file))
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, str(file))) from None
+
+
+def drop_unknown_algorithm_keys(
+    data: dict[str, Any],
+    from_file: dict[str, Any],
+    set_here: set[str],
+    algorithm_keys: Callable[[str], Collection[str] | None],
+    *,
+    source: str,
+) -> list[str]:
+    """When ``set_here`` switches ``algorithm.name`` away from the file's, remove from ``data["algorithm"]``
+    the keys of ``from_file`` that the new algorithm does not accept and that ``set_here`` does not set;
+    warns once naming them. Returns the removed keys (none when the new name is unknown: validation
+    reports it then)."""
+    default = AlgorithmConfig.model_fields["name"].default
+    section = data.get("algorithm")
+    if "name" not in set_here or not isinstance(section, dict):
+        return []
+    name = section.get("name", default)
+    if name == from_file.get("name", default):
+        return []
+    accepted = algorithm_keys(str(name))
+    if accepted is None:
+        return []
+    keep = set(AlgorithmConfig.model_fields) | set(accepted) | set_here
+    dropped = [key for key in from_file if key not in keep and key in section]
+    for key in dropped:
+        del section[key]
+    if dropped:
+        log.warning(
+            "dropped the config file's algorithm keys that the new algorithm does not know",
+            algorithm=name,
+            dropped=[f"algorithm.{key}" for key in dropped],
+            file=source,
+        )
+    return dropped
 
 
 def dump_config(config: Config) -> str:

@@ -12,6 +12,9 @@ Importing this module registers ``agentgym/<name>-v0`` for each name in ``envs.n
 Keyword arguments of ``gymnasium.make`` are the env's options. ``reset`` without a ``task_id`` draws
 one from the ``split`` option's task list with the env's seeded ``np_random``. Observations and
 actions are strings (``gymnasium.spaces.Text``); the action is the model's raw reply, parsed by the env.
+Each registration's ``max_episode_steps`` is the env's ``default_max_turns`` (BabyAI 20, TextCraft,
+SciWorld and Deep Search 30, WebArena 15), so gymnasium's ``TimeLimit`` truncates an episode there;
+``gymnasium.make(..., max_episode_steps=N)`` picks another limit.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import gymnasium
 from gymnasium.spaces import Text
 
 from envs.base import TextEnv
-from envs.registry import make, names
+from envs.registry import env_class, make, names
 
 # Text spaces check their charset: printable ASCII plus newline/tab covers the envs' texts.
 CHARSET = frozenset(string.printable)
@@ -70,12 +73,18 @@ class TextGymEnv(gymnasium.Env[str, str]):
 
 
 def register_all() -> list[str]:
-    """Register ``agentgym/<name>-v0`` for every registered env (idempotent); returns the ids."""
+    """Register ``agentgym/<name>-v0`` for every registered env (idempotent), with the env's
+    ``default_max_turns`` as ``max_episode_steps``; returns the ids."""
     ids = []
     for name in names():
         env_id = gym_id(name)
         if env_id not in gymnasium.registry:
-            gymnasium.register(id=env_id, entry_point=TextGymEnv, kwargs={"env_name": name})
+            gymnasium.register(
+                id=env_id,
+                entry_point=TextGymEnv,
+                kwargs={"env_name": name},
+                max_episode_steps=env_class(name).default_max_turns,
+            )
         ids.append(env_id)
     return ids
 

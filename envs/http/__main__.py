@@ -1,4 +1,4 @@
-"""``python -m envs.http ENV [--host H] [--port P] [--max-envs N] [--options JSON] [--token T]``.
+"""``python -m envs.http ENV [--host H] [--port P] [--max-envs N] [--options JSON] [--protocol P] [--token T]``.
 
 The same server as ``agentgym-rl env-server``, started without importing the training stack
 (torch, transformers), so it is up in well under a second.

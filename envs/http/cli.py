@@ -10,6 +10,7 @@ import sys
 import pydantic
 
 from envs.base import EnvError
+from envs.http.models import PROTOCOLS
 from envs.http.server import serve
 
 
@@ -22,9 +23,10 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--options", default="{}", help="env options as JSON, e.g. '{\"max_steps\": 64}'")
     parser.add_argument(
         "--protocol",
-        choices=["agentgym", "searchqa"],
+        choices=PROTOCOLS,
         default=None,
-        help="wire protocol (default: searchqa for env search, agentgym otherwise)",
+        help="response shapes of which AgentGym server (default: the one that mirrors ENV: textcraft, sciworld, "
+        "searchqa for search, webarena for web, agentgym (BabyAI's) otherwise)",
     )
     parser.add_argument("--token", default=None, help="require this bearer token (default: $AGENTGYM_ENV_TOKEN)")
 

@@ -8,6 +8,14 @@ exactly what the in-process env would; otherwise the ``instruction`` and ``split
 used and the action is read from an ``Action:`` line and sent bare, as AgentGym's clients do.
 Server errors (4xx/5xx with ``{"error": ...}``) and unreachable servers raise ``RemoteEnvError``.
 
+The ``protocol`` option picks the request bodies and response fields of one AgentGym server (the
+table in ``envs.http.server``): ``agentgym`` (BabyAI's), ``textcraft`` (``/create`` takes a JSON
+body), ``sciworld`` (the first observation is ``task_description`` and ``observation`` joined by a
+newline, as AgentGym's client shows it; rewards on the 0-100 scale are divided by 100, as this
+project's SciWorld env rewards), ``searchqa`` (``env_idx``; ``/create {"id": task}``) and ``webarena``
+(``env_idx``; ``/reset {env_idx, seed: 0, idx}``, then ``GET /observation`` for the full prompt;
+``done`` is ``terminated or truncated``).
+
 Example (config)::
 
     env: {name: agentgym-remote, options: {base_url: "http://127.0.0.1:36001", env_name: babyai}}
@@ -26,7 +34,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv
-from envs.http.models import default_protocol
+from envs.http.models import PROTOCOLS, SCIWORLD_SCALE, Protocol, default_protocol
 from envs.registry import make
 
 _ACTION = re.compile(r"action\s*:", re.IGNORECASE)
@@ -82,10 +90,11 @@ class AgentGymClient(TextEnv):
             "'Action:' servers: BabyAI, TextCraft, SciWorld; an unparsable reply is still sent whole). "
             "None: 'reply' when `env_name` is set, else 'parsed'.",
         )
-        protocol: Literal["agentgym", "searchqa"] | None = Field(
+        protocol: Protocol | None = Field(
             default=None,
-            description="Wire protocol: 'agentgym' (`id` bodies) or 'searchqa' (Deep Search's `env_idx` bodies). "
-            "None: 'searchqa' when `env_name` is 'search', else 'agentgym'.",
+            description="Which AgentGym server's shapes: 'agentgym' (BabyAI's common protocol), 'textcraft', "
+            "'sciworld', 'searchqa' or 'webarena' (both `env_idx` bodies). None: the one that mirrors `env_name` "
+            "(textcraft, sciworld, searchqa for search, webarena for web), else 'agentgym'.",
         )
         timeout: float = Field(default=60.0, gt=0, description="Seconds to wait for one HTTP request.")
         token: str | None = Field(default=None, description="Bearer token, when the server requires one.")
@@ -95,7 +104,8 @@ class AgentGymClient(TextEnv):
         headers = {"Authorization": f"Bearer {self.options.token}"} if self.options.token else {}
         self._http = httpx.Client(base_url=self.options.base_url, timeout=self.options.timeout, headers=headers)
         self._id: int | None = None
-        self._searchqa = (self.options.protocol or default_protocol(self.options.env_name)) == "searchqa"
+        self._protocol: Protocol = self.options.protocol or default_protocol(self.options.env_name)
+        self._key = "env_idx" if self._protocol in ("searchqa", "webarena") else "id"
 
     @functools.cached_property
     def _local(self) -> TextEnv | None:
@@ -127,11 +137,23 @@ class AgentGymClient(TextEnv):
     def reset(self, task_id: int) -> Observation:
         """Create the remote env on first use, then reset it to ``task_id`` (AgentGym's ``data_idx``)."""
         if self._id is None:
-            created = self._post("/create", None)
-            self._id = int(created if self._searchqa else created["id"])
-        if self._searchqa:
-            return Observation(text=_text(self._post("/reset", {"env_idx": self._id, "id": task_id})))
-        body = self._post("/reset", {"id": self._id, "data_idx": task_id})
+            self._id = self._create(task_id)
+        if self._protocol == "searchqa":
+            return Observation(text=self._call("POST", "/reset", {"env_idx": self._id, "id": task_id}, shape=str))
+        if self._protocol == "webarena":
+            body = self._call("POST", "/reset", {"env_idx": self._id, "seed": 0, "idx": task_id}, ("observation",))
+            if body["observation"] == "TimeoutError":  # how AgentGym's WebArena server reports a failed reset
+                raise RemoteEnvError(f"the WebArena server timed out resetting task {task_id}; restart its browsers")
+            # Its /reset answers the page's tree alone; /observation is the whole prompt the model reads.
+            prompt = self._call("GET", "/observation", params={"env_idx": self._id}, shape=str)
+            info = {"sites": body.get("sites"), "intent": body.get("object"), **dict(body.get("info") or {})}
+            return Observation(text=prompt, info=info)
+        if self._protocol == "sciworld":
+            fields = ("task_name", "var_num", "task_description", "observation")
+            body = self._call("POST", "/reset", {"id": self._id, "data_idx": task_id}, fields)
+            info = {**dict(body.get("info") or {}), "task_name": body["task_name"], "variation": body["var_num"]}
+            return Observation(text=f"{body['task_description']}\n{_text(body['observation'])}", info=info)
+        body = self._call("POST", "/reset", {"id": self._id, "data_idx": task_id}, ("observation",))
         return Observation(text=_text(body["observation"]), info=dict(body.get("info") or {}))
 
     def step(self, action_text: str) -> StepResult:
@@ -142,46 +164,91 @@ class AgentGymClient(TextEnv):
             self.options.action_format is None and self.options.env_name is not None
         )
         action = None if send_reply else self.parse_action(action_text)
-        key = "env_idx" if self._searchqa else "id"
         if isinstance(action, str):
-            request = {key: self._id, "action": action}
+            request = {self._key: self._id, "action": action}
         else:
             # `verbatim` stops this project's server from reading the reply as a bare action, so its env
             # parses exactly what the model wrote (AgentGym's servers ignore the extra field).
-            request = {key: self._id, "action": action_text, "verbatim": True}
-        body = self._post("/step", request)
+            request = {self._key: self._id, "action": action_text, "verbatim": True}
+        ends = ("terminated",) if self._protocol == "webarena" else ("done",)
+        body = self._call("POST", "/step", request, ("observation", "reward", *ends))
         info = dict(body.get("info") or {})
         if "score" in body:
             info.setdefault("score", body["score"])
-        return StepResult(
-            observation=_text(body["observation"]), reward=float(body["reward"]), done=bool(body["done"]), info=info
-        )
+        reward = float(body["reward"])
+        if self._protocol == "sciworld":
+            reward /= SCIWORLD_SCALE
+        done = bool(body["terminated"] or body.get("truncated")) if self._protocol == "webarena" else bool(body["done"])
+        return StepResult(observation=_text(body["observation"]), reward=reward, done=done, info=info)
+
+    def _create(self, task_id: int) -> int:
+        """A new remote env's id, created with the body its server expects."""
+        if self._protocol == "searchqa":
+            # AgentGym's SearchQA server requires an item to start with; it answers a bare index.
+            return self._call("POST", "/create", {"id": task_id}, shape=int)
+        if self._protocol == "webarena":
+            return int(self._call("POST", "/create", fields=("env_idx",))["env_idx"])
+        # AgentGym's TextCraft server reads an (empty) JSON body at /create; the others read none.
+        body = {} if self._protocol == "textcraft" else None
+        return int(self._call("POST", "/create", body, ("id",))["id"])
 
     def close(self) -> None:
         """Free the remote env (best effort: the server may already be gone) and the HTTP connection."""
         # A server that is gone has freed the env already.
         with contextlib.suppress(RemoteEnvError):
             if self._id is not None:
-                self._post("/close", {"env_idx" if self._searchqa else "id": self._id})
+                self._request("POST", "/close", {self._key: self._id})  # answers differ: bool, object
         self._id = None
         self._http.close()
         if self.__dict__.get("_local") is not None:  # only when the cached local env was ever made
             self._local.close()
 
-    def _post(self, path: str, body: dict[str, Any] | None) -> Any:
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        fields: tuple[str, ...] = (),
+        *,
+        params: dict[str, Any] | None = None,
+        shape: type = dict,
+    ) -> Any:
+        """``_request``'s answer, checked to be a ``shape`` (with ``fields`` for an object): a server of another
+        shape than the ``protocol`` option says is reported as such, not as a KeyError."""
+        data = self._request(method, path, body, params=params)
+        missing = [key for key in fields if key not in data] if isinstance(data, dict) else list(fields)
+        if not isinstance(data, shape) or isinstance(data, bool) or missing:
+            wanted = f"fields {missing}" if missing else f"a JSON {shape.__name__}"
+            raise RemoteEnvError(
+                f"{method} {path} answered {json.dumps(data)[:200]}, without {wanted} of AgentGym's {self._protocol} "
+                f"protocol; set the `protocol` option to the shape of the server ({', '.join(PROTOCOLS)})"
+            )
+        return data
+
+    def _request(
+        self, method: str, path: str, body: dict[str, Any] | None = None, *, params: dict[str, Any] | None = None
+    ) -> Any:
         try:
             # ASCII JSON: model text may hold lone surrogates, which UTF-8 cannot encode.
             content = json.dumps(body) if body is not None else None
-            response = self._http.post(path, content=content, headers={"content-type": "application/json"})
+            headers = {"content-type": "application/json"} if body is not None else {}
+            response = self._http.request(method, path, content=content, params=params, headers=headers)
         except httpx.HTTPError as exc:
-            raise RemoteEnvError(f"POST {self.options.base_url}{path} failed: {exc!r}") from exc
+            raise RemoteEnvError(f"{method} {self.options.base_url}{path} failed: {exc!r}") from exc
         if response.is_error:
             try:
                 message = response.json().get("error", response.text)
-            except ValueError:
-                message = response.text
-            raise RemoteEnvError(f"POST {path} -> HTTP {response.status_code}: {message}")
-        return response.json()
+            except (ValueError, AttributeError):
+                message = response.text[:500]
+            raise RemoteEnvError(f"{method} {path} -> HTTP {response.status_code}: {message}")
+        try:
+            data = response.json()
+        except ValueError as exc:
+            raise RemoteEnvError(f"{method} {path} answered non-JSON: {response.text[:200]!r}") from exc
+        if isinstance(data, dict) and set(data) == {"error"}:
+            # AgentGym's own servers report errors so, with status 200.
+            raise RemoteEnvError(f"{method} {path} -> HTTP {response.status_code} with an error: {data['error']}")
+        return data
 
 
 def _text(observation: Any) -> str:

@@ -1,15 +1,36 @@
-"""Request bodies and server options of the AgentGym-compatible env server."""
+"""Request bodies and server options of the AgentGym-compatible env server.
+
+The bodies are as tolerant as AgentGym's own FastAPI models: ids and task indices may arrive as
+JSON strings of digits (``"id": "0"``), and fields a body does not define are ignored. Values that
+cannot be read as what they name (``"data_idx": "one"``, ``1.5``, an action that is not text) are
+still refused with 422.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
+
+Protocol = Literal["agentgym", "textcraft", "sciworld", "searchqa", "webarena"]
+PROTOCOLS: tuple[str, ...] = get_args(Protocol)
+# AgentGym's SciWorld server reports the simulator's own 0-100 score; this project's SciWorld env
+# rewards score changes / 100.
+SCIWORLD_SCALE = 100
+
+# Which AgentGym server each of this project's envs mirrors; every other env speaks the common protocol.
+_ENV_PROTOCOLS: dict[str, Protocol] = {
+    "textcraft": "textcraft",
+    "sciworld": "sciworld",
+    "search": "searchqa",
+    "web": "webarena",
+}
 
 
-def default_protocol(env_name: str | None) -> Literal["agentgym", "searchqa"]:
-    """``searchqa`` for env ``search`` (as AgentGym's SearchQA server speaks), else ``agentgym``."""
-    return "searchqa" if env_name == "search" else "agentgym"
+def default_protocol(env_name: str | None) -> Protocol:
+    """The protocol of the AgentGym server that mirrors env ``env_name``: ``textcraft``, ``sciworld``,
+    ``searchqa`` (env ``search``), ``webarena`` (env ``web``), else ``agentgym`` (BabyAI's shape)."""
+    return _ENV_PROTOCOLS.get(env_name or "", "agentgym")
 
 
 class ServerOptions(BaseModel):
@@ -20,10 +41,11 @@ class ServerOptions(BaseModel):
     env_name: str = Field(description="Registered env every /create instantiates (see `agentgym-rl envs`).")
     env_options: dict[str, Any] = Field(default_factory=dict, description="Options passed to each env instance.")
     max_envs: int = Field(default=64, ge=1, description="Live env instances allowed at once; /create beyond is 429.")
-    protocol: Literal["agentgym", "searchqa"] = Field(
+    protocol: Protocol = Field(
         default="agentgym",
-        description="'agentgym': the common protocol (BabyAI, SciWorld, TextCraft servers); 'searchqa': Deep "
-        "Search's variant (`env_idx` bodies, bare-int /create, string /reset).",
+        description="Response shapes of which AgentGym server: 'agentgym' (BabyAI's, the common protocol), "
+        "'textcraft', 'sciworld', 'searchqa' (Deep Search's `env_idx` variant) or 'webarena' (`env_idx`, "
+        "`/reset {env_idx, seed, idx}`).",
     )
     max_action_chars: int = Field(
         default=100_000, ge=1, description="Longest action text /step accepts; longer actions are rejected with 413."
@@ -39,21 +61,20 @@ def _printable_unicode(text: str) -> str:
     return text.encode("utf-8", "replace").decode("utf-8")
 
 
-class _Body(BaseModel):  # AgentGym's common protocol names the env `id`
-    model_config = ConfigDict(extra="forbid")
-
-    id: StrictInt = Field(description="Env id returned by /create.")
-
-
-class ResetRequest(_Body):
-    """POST /reset: start task ``data_idx`` in env ``id``."""
-
-    data_idx: StrictInt = Field(description="Task id of the env (AgentGym's data index).")
+class _Request(BaseModel):
+    # AgentGym's FastAPI models ignore fields they do not define and read "0" as 0.
+    model_config = ConfigDict(extra="ignore")
 
 
-class _Action(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Id(_Request):  # the common protocol and the TextCraft and SciWorld servers name the env `id`
+    id: int = Field(description="Env id returned by /create.")
 
+
+class _EnvIdx(_Request):  # Deep Search's and WebArena's servers name it `env_idx`
+    env_idx: int = Field(description="Env index returned by /create.")
+
+
+class _Action(_Request):
     action: StrictStr = Field(description="Action text: a bare action or a model reply holding one.")
     verbatim: bool = Field(
         default=False,
@@ -68,37 +89,55 @@ class _Action(BaseModel):
         return _printable_unicode(action)
 
 
-class StepRequest(_Body, _Action):
+class ResetRequest(_Id):
+    """POST /reset: start task ``data_idx`` in env ``id``."""
+
+    data_idx: int = Field(description="Task id of the env (AgentGym's data index).")
+
+
+class TextCraftResetRequest(_Id):
+    """POST /reset (textcraft): start task ``data_idx`` (AgentGym's TextCraft server defaults it to 0)."""
+
+    data_idx: int = Field(default=0, description="Task id of the env (AgentGym's data index).")
+
+
+class TextCraftCreateRequest(_Request):
+    """POST /create (textcraft): optionally a goal and crafting-command listing of the caller's."""
+
+    commands: StrictStr | None = Field(default=None, description="Crafting commands listed to the model.")
+    goal: StrictStr | None = Field(default=None, description="Goal item, e.g. 'minecraft:oak_planks'.")
+
+
+class StepRequest(_Id, _Action):
     """POST /step: apply ``action`` in env ``id``."""
 
 
-class CloseRequest(_Body):
+class CloseRequest(_Id):
     """POST /close: free env ``id``."""
 
 
-class _SearchBody(BaseModel):  # Deep Search's variant names the env `env_idx`
-    model_config = ConfigDict(extra="forbid")
-
-    env_idx: StrictInt = Field(description="Env index returned by /create.")
-
-
-class SearchCreateRequest(BaseModel):
+class SearchCreateRequest(_Request):
     """POST /create (searchqa): optionally reset the new env to question ``id`` at once."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    id: StrictInt | None = Field(default=None, description="Question (task id) to start; None: reset later.")
+    id: int | None = Field(default=None, description="Question (task id) to start; None: reset later.")
 
 
-class SearchResetRequest(_SearchBody):
+class SearchResetRequest(_EnvIdx):
     """POST /reset (searchqa): start question ``id`` in env ``env_idx``."""
 
-    id: StrictInt = Field(description="Question index (task id).")
+    id: int = Field(description="Question index (task id).")
 
 
-class SearchStepRequest(_SearchBody, _Action):
-    """POST /step (searchqa): apply ``action`` in env ``env_idx``."""
+class EnvIdxStepRequest(_EnvIdx, _Action):
+    """POST /step (searchqa, webarena): apply ``action`` in env ``env_idx``."""
 
 
-class SearchCloseRequest(_SearchBody):
-    """POST /close (searchqa): free env ``env_idx``."""
+class EnvIdxCloseRequest(_EnvIdx):
+    """POST /close (searchqa, webarena): free env ``env_idx``."""
+
+
+class WebArenaResetRequest(_EnvIdx):
+    """POST /reset (webarena): start task ``idx`` (WebArena's config index) in env ``env_idx``."""
+
+    idx: int = Field(description="Task id (WebArena's config file index).")
+    seed: int | None = Field(default=None, description="Accepted as AgentGym's client sends it (0); tasks are seeded.")

@@ -1,54 +1,67 @@
 """An HTTP server that speaks AgentGym's environment protocol for any registered env.
 
-Common protocol (``protocol="agentgym"``: AgentGym's BabyAI, SciWorld and TextCraft servers):
+Each of AgentGym's env servers answers in its own shapes; ``protocol`` picks which one this server
+reproduces (by default the one of the AgentGym server that mirrors the env: see
+``envs.http.models.default_protocol``). Bodies are read as AgentGym's FastAPI models read them:
+ids may be strings of digits, unknown fields are ignored.
 
-==========================  ======================  ==================================================
-POST /create                no body                 ``{"id": int}`` (ids count up from 0)
-POST /reset                 ``{"id", "data_idx"}``  ``{observation, reward, score, deleted, done, info}``
-POST /step                  ``{"id", "action"}``    ``{observation, reward, score, done, info}``
-GET  /observation?id=       --                      the current observation (a JSON string)
-POST /close                 ``{"id"}``              ``true``
-==========================  ======================  ==================================================
+=========  ===================================  ==================================================
+protocol   requests                             responses
+=========  ===================================  ==================================================
+agentgym   ``/create`` (no body)                ``{"id"}`` (ids count up from 0, never reused)
+(BabyAI)   ``/reset {id, data_idx}``            ``{observation, reward, score, deleted, done}``
+           ``/step {id, action}``               ``{observation, reward, score, done}``
+           ``GET /observation?id=``             ``{observation, reward, score, done, deleted}``
+           ``/close {id}``                      ``true`` (``false`` for an id closed already)
+textcraft  ``/create [{commands, goal}]``       ``{id, observation, done, reward}``: reset to task
+                                                ``data_idx = id`` (wrapped), or to the given goal
+           ``/reset {id, data_idx=0}``          ``{id, observation, done, reward}``
+           ``/step {id, action}``               ``{observation, reward, done}``
+           ``GET /observation|commands|goal``   the episode's observation, listing, goal (strings)
+           ``/close {id}``                      as agentgym
+sciworld   ``/create``, ``/close`` as agentgym
+           ``/reset {id, data_idx}``            ``{task_name, var_num, task_description,
+                                                observation, reward, score, deleted, done}``
+           ``/step {id, action}``               ``{observation, reward, score, done}``, 0-100 scale
+           ``GET /observation?id=``             the last answer's ``observation`` (string)
+searchqa   ``/create [{id}]``                   a bare int ``env_idx`` (reset to question ``id``)
+           ``/reset {env_idx, id}``             the observation (string)
+           ``/step {env_idx, action}``          ``{observation, reward, done, info}``
+           ``GET /observation?env_idx=``        the observation (string)
+           ``/close {env_idx}``                 ``true`` (``false`` for an index closed already)
+webarena   ``/create`` (no body)                ``{"env_idx"}``
+           ``/reset {env_idx, seed, idx}``      ``{observation, sites, object}`` (object: the intent)
+           ``/step {env_idx, action}``          ``{observation, reward, terminated, truncated, info}``
+           ``GET /observation?env_idx=``        the observation (string)
+           ``/close {env_idx}``                 ``{"closed": "closed"}`` (also a second time)
+=========  ===================================  ==================================================
 
-Deep Search's variant (``protocol="searchqa"``, the default for env ``search``): ``POST /create``
-(optional ``{"id": question}``) returns a bare int ``env_idx``; ``/reset {"env_idx", "id"}``
-returns the observation string; ``/step {"env_idx", "action"}`` returns ``{observation, reward,
-done, info}``; ``GET /observation?env_idx=``; ``/close {"env_idx"}`` returns ``true``.
+``score`` is the running sum of the episode's rewards (SciWorld: x100, the simulator's 0-100
+score); ``info`` (the env's own step info; ``score`` inside it for searchqa) is added to every
+reset and step answer, which AgentGym's clients ignore. An action the env cannot parse is retried
+as a bare action (``Action: <text>``), which is what AgentGym's clients send; ``"verbatim": true``
+in a step body hands the text to the env unchanged.
 
-``score`` is the running sum of rewards of the episode; ``info`` is the env's own step info (an
-addition AgentGym's clients ignore). An action the env cannot parse is retried as a bare action
-(``Action: <text>``), which is what AgentGym's clients send; ``"verbatim": true`` in a step body
-hands the text to the env unchanged.
-
-Errors are JSON ``{"error": message}`` with a 4xx/5xx status: wrong bearer token 401, unknown id
-404, bad task id 400, step before reset or after the episode ended 409, action too long 413,
-malformed body 422 (400 for bytes that are not JSON text), too many live envs 429, an env that
-raised unexpectedly 500, an env that cannot start here (e.g. no Java runtime) 503. Env calls run
-in a thread pool, one at a time per env, so a slow env does not stall the others.
+Errors are JSON ``{"error": message}`` with a 4xx/5xx status, never 200: wrong bearer token 401,
+unknown or closed id 404, bad task id 400, step before reset or after the episode ended 409,
+action too long 413, malformed body 422 (400 for bytes that are not JSON text), too many live envs
+429, an env that raised unexpectedly 500, an env that cannot start here (e.g. no Java runtime) 503.
+Env calls run in a thread pool, one at a time per env, so a slow env does not stall the others.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Any
 
 import structlog
-from fastapi import APIRouter, Body, Depends, FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from envs.http.models import (
-    CloseRequest,
-    ResetRequest,
-    SearchCloseRequest,
-    SearchCreateRequest,
-    SearchResetRequest,
-    SearchStepRequest,
-    ServerOptions,
-    StepRequest,
-    default_protocol,
-)
+from envs.http.models import ServerOptions, default_protocol
+from envs.http.routes import ROUTES
 from envs.http.service import EnvService, ServerError
 from envs.registry import env_class
 
@@ -60,73 +73,6 @@ class AsciiJSONResponse(JSONResponse):
 
     def render(self, content: Any) -> bytes:
         return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
-
-
-def agentgym_routes(service: EnvService) -> APIRouter:
-    """The common AgentGym protocol (module docstring)."""
-    router = APIRouter()
-
-    @router.post("/create")
-    async def create() -> dict[str, int]:
-        return {"id": await service.create()}
-
-    @router.post("/reset")
-    async def reset(body: ResetRequest) -> dict[str, Any]:
-        text, info = await service.reset(body.id, body.data_idx)
-        return {"observation": text, "reward": 0.0, "score": 0.0, "deleted": False, "done": False, "info": info}
-
-    @router.post("/step")
-    async def step(body: StepRequest) -> dict[str, Any]:
-        return await service.step(body.id, body.action, body.verbatim)
-
-    @router.get("/observation")
-    async def observation(env_id: int = Query(alias="id", description="Env id from /create.")) -> str:
-        return service.observation(env_id)
-
-    @router.post("/close")
-    async def close(body: CloseRequest) -> bool:
-        await service.close(body.id)
-        return True
-
-    return router
-
-
-def searchqa_routes(service: EnvService) -> APIRouter:
-    """Deep Search's ``env_idx`` variant of the protocol (module docstring)."""
-    router = APIRouter()
-
-    @router.post("/create")
-    async def create(body: Annotated[SearchCreateRequest | None, Body()] = None) -> int:
-        env_idx = await service.create()
-        if body is not None and body.id is not None:
-            try:
-                await service.reset(env_idx, body.id)
-            except ServerError:
-                await service.close(env_idx)  # the caller never learns this index: free it
-                raise
-        return env_idx
-
-    @router.post("/reset")
-    async def reset(body: SearchResetRequest) -> str:
-        text, _ = await service.reset(body.env_idx, body.id)
-        return text
-
-    @router.post("/step")
-    async def step(body: SearchStepRequest) -> dict[str, Any]:
-        result = await service.step(body.env_idx, body.action, body.verbatim)
-        result["info"] = {**result["info"], "score": result.pop("score")}
-        return result
-
-    @router.get("/observation")
-    async def observation(env_idx: int = Query(description="Env index from /create.")) -> str:
-        return service.observation(env_idx)
-
-    @router.post("/close")
-    async def close(body: SearchCloseRequest) -> bool:
-        await service.close(body.env_idx)
-        return True
-
-    return router
 
 
 def build_app(env_name: str, options: dict[str, Any] | None = None, max_envs: int = 64, **server: Any) -> FastAPI:
@@ -180,8 +126,7 @@ def build_app(env_name: str, options: dict[str, Any] | None = None, max_envs: in
         # Starlette still logs the traceback; the client gets JSON like every other error.
         return AsciiJSONResponse({"error": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500)
 
-    routes = searchqa_routes if config.protocol == "searchqa" else agentgym_routes
-    app.include_router(routes(service))
+    app.include_router(ROUTES[config.protocol](service))
 
     @app.get("/")
     async def root() -> dict[str, Any]:

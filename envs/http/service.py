@@ -7,7 +7,6 @@ Protocol-free: the routes of ``envs.http.server`` translate requests into these 
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -16,7 +15,7 @@ import structlog
 from fastapi.encoders import jsonable_encoder
 from starlette.concurrency import run_in_threadpool
 
-from envs.base import EnvError, InvalidAction, TextEnv
+from envs.base import EnvError, InvalidAction, Observation, TextEnv
 from envs.http.models import ServerOptions
 from envs.registry import make
 
@@ -40,6 +39,7 @@ class Session:
     env: TextEnv
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     observation: str = ""
+    reward: float = 0.0  # of the last step
     score: float = 0.0
     started: bool = False
     done: bool = False
@@ -56,13 +56,13 @@ def _env_action(env: TextEnv, action: str) -> str:
 
 
 class EnvService:
-    """Live envs by id (ids count up from 0), at most ``max_envs`` at once."""
+    """Live envs by id (ids count up from 0 and are never reused), at most ``max_envs`` at once."""
 
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
         self.sessions: dict[int, Session] = {}
         self._reserved = 0  # creations in flight, counted against the cap
-        self._ids = itertools.count()
+        self._issued = 0  # ids handed out so far: an id below this that is not live was closed
 
     async def create(self) -> int:
         """A new env's id. 429 at the cap, 503 when the env cannot start on this machine."""
@@ -78,21 +78,35 @@ class EnvService:
         finally:
             # Released either way; on success the env is added with no await in between.
             self._reserved -= 1
-        env_id = next(self._ids)
+        env_id = self._issued
+        self._issued += 1
         self.sessions[env_id] = Session(env=env)
         return env_id
 
     async def reset(self, env_id: int, task_id: int) -> tuple[str, dict[str, Any]]:
         """(observation, info) of task ``task_id`` in env ``env_id``; 400 for a task id the env refuses."""
+        return await self.begin(env_id, lambda env: env.reset(task_id), f"task {task_id}")
+
+    async def begin(
+        self, env_id: int, start: Callable[[TextEnv], Observation], what: str
+    ) -> tuple[str, dict[str, Any]]:
+        """Start an episode in env ``env_id`` with ``start(env)`` (a reset, or an env's own way to begin, such
+        as TextCraft's goal of the caller's); returns (observation, info). 400 when the env refuses ``what``."""
         session = self._get(env_id)
         async with session.lock:
             self._check_open(env_id, session)
             try:
-                obs = await self._call(env_id, "reset", lambda: session.env.reset(task_id))
+                obs = await self._call(env_id, "reset", lambda: start(session.env))
             except EnvError as exc:
-                raise ServerError(400, f"cannot reset env {env_id} to task {task_id}: {exc}") from exc
-            session.observation, session.score, session.started, session.done = obs.text, 0.0, True, False
+                raise ServerError(400, f"cannot reset env {env_id} to {what}: {exc}") from exc
+            session.observation, session.reward, session.score = obs.text, 0.0, 0.0
+            session.started, session.done = True, False
             return obs.text, jsonable_encoder(obs.info)
+
+    async def task_ids(self, env_id: int) -> list[int]:
+        """Every task id of env ``env_id`` (both splits), ascending."""
+        env = self._get(env_id).env
+        return await self._call(env_id, "tasks", lambda: sorted({*env.tasks("train"), *env.tasks("test")}))
 
     async def step(self, env_id: int, action: str, verbatim: bool) -> dict[str, Any]:
         """``{observation, reward, score, done, info}`` of one step; 409 before reset or after the end."""
@@ -116,7 +130,7 @@ class EnvService:
                 result = await self._call(env_id, "step", run)
             except EnvError as exc:
                 raise ServerError(409, f"env {env_id} refused the step: {exc}") from exc
-            session.observation, session.done = result.observation, result.done
+            session.observation, session.done, session.reward = result.observation, result.done, result.reward
             session.score += result.reward
             return {
                 "observation": result.observation,
@@ -126,25 +140,33 @@ class EnvService:
                 "info": jsonable_encoder(result.info),
             }
 
-    def observation(self, env_id: int) -> str:
-        """The latest observation of env ``env_id``."""
+    def episode(self, env_id: int) -> Session:
+        """The live session of env ``env_id`` once an episode has started (its env, latest observation,
+        reward, running score, done); 409 before the first reset."""
         session = self._get(env_id)
         if not session.started:
             raise ServerError(409, f"env {env_id} has no episode yet; POST /reset first")
-        return session.observation
+        return session
 
-    async def close(self, env_id: int) -> None:
-        """Free env ``env_id``; later requests for it get 404."""
+    async def close(self, env_id: int) -> bool:
+        """Free env ``env_id``: True; False for an id that was closed already (AgentGym's servers answer a
+        second close so); 404 for an id never handed out. Later requests for a closed id get 404."""
+        if env_id not in self.sessions and 0 <= env_id < self._issued:
+            return False
         session = self._get(env_id)
         async with session.lock:  # waits for a step in flight on this env
-            self._check_open(env_id, session)
+            if session.closed:  # closed while this request waited for the lock
+                return False
             session.closed = True
             del self.sessions[env_id]
             await self._call(env_id, "close", session.env.close)
+            return True
 
     def _get(self, env_id: int) -> Session:
         if env_id not in self.sessions:
-            raise ServerError(404, f"unknown env id {env_id}; POST /create makes one (closed ids are gone)")
+            if 0 <= env_id < self._issued:
+                raise ServerError(404, f"env id {env_id} was closed; POST /create makes a new one")
+            raise ServerError(404, f"unknown env id {env_id}; POST /create makes one")
         return self.sessions[env_id]
 
     @staticmethod

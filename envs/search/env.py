@@ -87,6 +87,7 @@ class SearchEnv(TextEnv):
     """Question answering with a local BM25 search tool."""
 
     name = "search"
+    default_max_turns = 30  # the paper's Deep Search evaluation
 
     class Options(BaseModel):
         """Options of the Deep Search environment."""

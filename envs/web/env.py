@@ -81,6 +81,7 @@ class WebEnv(TextEnv):
     """WebArena's observation and action space on a bundled shop and forum, driven by a real Chromium."""
 
     name = "web"
+    default_max_turns = 15  # the paper's WebArena evaluation
 
     class Options(BaseModel):
         """Options of the web environment."""
@@ -175,6 +176,13 @@ class WebEnv(TextEnv):
         for server in self._servers.values():
             server.close()
         self._worker, self._browser, self._servers, self._sites, self._task = None, None, {}, None, None
+
+    def state_key(self) -> tuple[str, str, str] | None:
+        """The active tab's URL, the tab line and the accessibility tree shown (element ids are numbered in
+        page order, so equal pages give equal keys); None before the first reset."""
+        if self._snapshot is None:
+            return None
+        return (self._snapshot.url, self._snapshot.tabs, self._snapshot.tree)
 
     # ------------------------------------------------------------------------------- extras
 
@@ -282,7 +290,14 @@ class WebEnv(TextEnv):
         self._task, self._previous, self._steps, self._done = task, "None", 0, False
         self._oracle_index, self._oracle_pending, self._oracle_deviated, self._oracle_scrolls = 0, None, False, 0
         self._snapshot = self._observe()
-        return Observation(text=self._prompt(note), info={"task_id": task.id, "template": task.template})
+        # `sites` and `intent` as WebArena's task configs name them (AgentGym's /reset returns both).
+        info = {
+            "task_id": task.id,
+            "template": task.template,
+            "sites": [task.template.split("/")[0]],
+            "intent": task.intent,
+        }
+        return Observation(text=self._prompt(note), info=info)
 
     def _step(self, action_text: str) -> StepResult:
         task = self._task

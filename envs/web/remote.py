@@ -48,6 +48,7 @@ class WebArenaClient(TextEnv):
     """One env on an AgentGym WebArena server (``/create``, ``/reset``, ``/observation``, ``/step``, ``/close``)."""
 
     name = "webarena-remote"
+    default_max_turns = 15  # the paper's WebArena evaluation
 
     class Options(BaseModel):
         """Options of the WebArena client."""

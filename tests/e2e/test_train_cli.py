@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from transformers import AutoModelForCausalLM
 
+from envs import names
 from tests.e2e.helpers import same_episodes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -112,9 +114,54 @@ def test_bad_config_key_fails_with_its_name(tmp_path: Path):
     assert not (tmp_path / "runs").exists()
 
 
-def test_envs_lists_babyai_splits(tmp_path: Path):
+def test_envs_lists_every_env_cleanly(tmp_path: Path):
     result = run_cli("envs", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     rows = [line.split() for line in result.stdout.splitlines() if line.startswith("babyai")]
     assert [row[1] for row in rows] == ["train", "test"]
     assert all(int(row[2]) > 0 for row in rows)
+    listed = {line.split()[0] for line in result.stdout.splitlines()[1:] if not line.startswith(" ")}
+    assert listed == set(names())
+    for remote in ("agentgym-remote", "webarena-remote"):
+        assert f"{remote:<16} {'-':<6} {'-':>8}  (needs options: env.options.base_url)" in result.stdout
+    assert "validation error" not in result.stdout and "``" not in result.stdout
+
+
+# Tiny settings that leave the algorithm section alone (each algorithm knows other keys).
+SWITCH = [
+    "model.name=tiny-random",
+    "warm_start.iterations=0",
+    "trainer.iterations=1",
+    "sampler.sampling.max_new_tokens=8",
+    "curriculum.horizons=[2, 3]",
+    "logging.progress=false",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["sft", "dpo"])
+def test_switching_algorithm_on_the_command_line_trains(tmp_path: Path, algorithm: str):
+    overrides = [*SWITCH, f"algorithm.name={algorithm}", f"run.dir={tmp_path / 'runs'}", "run.name=switched"]
+    result = run_cli("train", *[arg for item in overrides for arg in ("--set", item)], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    warnings = [line for line in result.stderr.splitlines() if "the new algorithm does not know" in line]
+    assert len(warnings) == 1, result.stderr[-3000:]
+    for key in ("algorithm.clip_eps", "algorithm.kl_coef", "algorithm.entropy_coef"):
+        assert key in warnings[0]
+    run_dir = tmp_path / "runs" / "switched"
+    assert [json.loads(line)["iteration"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [0]
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())["algorithm"]
+    assert saved["name"] == algorithm and "clip_eps" not in saved
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["algorithm.name=sft", "algorithm.clip_epz=0.1"], "algorithm.clip_epz: unknown key for algorithm 'sft'"),
+        (["algorithm.name=dpo", "algorithm.kl_coef=0.1"], "algorithm.kl_coef: unknown key for algorithm 'dpo'"),
+    ],
+)
+def test_a_key_set_on_the_command_line_is_still_refused_after_a_switch(tmp_path: Path, overrides, named):
+    result = run_cli("train", *[arg for item in overrides for arg in ("--set", item)], cwd=tmp_path)
+    assert result.returncode == 2 and named in result.stderr, result.stderr[-2000:]
+    assert not (tmp_path / "runs").exists()

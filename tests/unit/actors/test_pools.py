@@ -3,7 +3,7 @@
 import pytest
 import ray
 
-from actors.placement import clean_request, fit_count, sampler_room
+from actors.placement import ActorNeed, PlacementError, PoolNeed, clean_request, fit_count, plan_actors, sampler_room
 from actors.pools import sampler_lost, share_growth
 from configs import ConfigError, load_config
 
@@ -100,3 +100,62 @@ def test_a_new_sampler_needs_room_for_its_first_env_actors_too():
     free = [{"CPU": 1.0}, {"CPU": 1.25}]
     assert sampler_room(free, config.sampler, 5) == 2
     assert sum(node["CPU"] for node in free) == pytest.approx(0.25)
+
+
+# ------------------------------------------------------------------------ the plan before anything starts
+
+LEARNER = ActorNeed("learner(s) (learner.count, learner.num_cpus, learner.resources)", {"CPU": 1.0}, 1)
+
+
+def babyai_pool(**fields) -> PoolNeed:
+    """The quickstart's pool: samplers of 0.5 CPU, each with 8 env actors of 0.05 CPU."""
+    values = {"min_count": 1, "count": 1, "min_envs": 1, "envs": 8, **fields}
+    return PoolNeed(env="babyai", sampler={"CPU": 0.5}, env_actor={"CPU": 0.05}, **values)
+
+
+def test_the_issues_example_starts_one_sampler_with_all_its_env_actors():
+    # ray.num_cpus=2, a 1-CPU learner, sampler.count=2: the second sampler would leave no room for env actors.
+    assert plan_actors([{"CPU": 2.0}], [LEARNER], [babyai_pool(count=2)]) == [[8]]
+    # With room for both, both start with all their env actors.
+    assert plan_actors([{"CPU": 3.0}], [LEARNER], [babyai_pool(count=2)]) == [[8, 8]]
+
+
+def test_a_minimum_sampler_starts_with_the_env_actors_there_is_room_for():
+    # 2 - 1 - 0.5 = 0.5 CPU left: the minimum sampler's one env actor, then 9 more of 0.05 fit, capped at envs=8.
+    assert plan_actors([{"CPU": 2.0}], [LEARNER], [babyai_pool(min_envs=1)]) == [[8]]
+    # 1.75 - 1.5 = 0.25 CPU: 5 env actors in all.
+    assert plan_actors([{"CPU": 1.75}], [LEARNER], [babyai_pool(min_envs=1)]) == [[5]]
+
+
+def test_every_pools_minimum_is_reserved_before_any_pool_grows():
+    pools = [babyai_pool(count=3), babyai_pool(count=3, min_envs=2)]
+    # 3 CPU - learner 1 - 2 minimum samplers (0.5 + 0.05 and 0.5 + 0.1) = 0.85 left for growth.
+    plans = plan_actors([{"CPU": 3.0}], [LEARNER], pools)
+    assert [len(plan) for plan in plans] == [1, 1]
+    assert plans[0] == [8] and 2 <= plans[1][0] <= 8
+
+
+def test_a_minimum_that_cannot_fit_names_every_number():
+    serve = [ActorNeed("serve replica(s) (serve.num_replicas, serve.num_cpus)", {"CPU": 0.05}, 1)]
+    with pytest.raises(PlacementError) as caught:
+        plan_actors([{"CPU": 1.2, "memory": 1e9}], [LEARNER, *serve], [babyai_pool(min_count=2, count=2)])
+    message = str(caught.value)
+    for part in (
+        "1 learner(s) (learner.count, learner.num_cpus, learner.resources) x {CPU: 1}",
+        "1 serve replica(s) (serve.num_replicas, serve.num_cpus) x {CPU: 0.05}",
+        "2 sampler(s) of env babyai (sampler.min_count) x {CPU: 0.5}",
+        "1 env actor(s) (sampler.min_envs_per_sampler) x {CPU: 0.05}",
+        "In all {CPU: 2.15}",
+        "1 node(s) have node 0: {CPU: 1.2}",
+        "the samplers of env babyai did not fit",
+        "raise ray.num_cpus",
+    ):
+        assert part in message, message
+
+
+def test_a_custom_resource_no_node_has_fails_the_plan():
+    learner = ActorNeed(
+        "learner(s) (learner.count, learner.num_cpus, learner.resources)", {"CPU": 1.0, "gpu_box": 1}, 1
+    )
+    with pytest.raises(PlacementError, match=r"learner\(s\).*x \{CPU: 1, gpu_box: 1\} did not fit"):
+        plan_actors([{"CPU": 8.0}], [learner], [babyai_pool()])

@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import pytest
+import structlog.testing
 
 from configs import Config, ConfigError, dump_config, load_config
 from configs.loader import parse_override
@@ -78,3 +79,48 @@ def test_dumped_config_loads_back_identically(tmp_path: Path):
     saved.write_text(dump_config(config))
     assert load_config(saved) == config
     assert Config.model_validate(config.model_dump()) == config
+
+
+# Hyperparameter keys per algorithm, as the learner's registry would answer them.
+KEYS = {"grpo": {"aggregation", "clip_eps", "kl_coef", "entropy_coef"}, "sft": {"aggregation"}}
+
+
+def switch(*overrides: str) -> tuple[Config, list[dict]]:
+    with structlog.testing.capture_logs() as logs:
+        config = load_config(None, list(overrides), algorithm_keys=KEYS.get)
+    return config, logs
+
+
+def test_switching_algorithm_drops_the_presets_keys_it_does_not_know_with_one_warning():
+    config, logs = switch("algorithm.name=sft", "algorithm.group_size=2")
+    assert config.algorithm.name == "sft" and config.algorithm.group_size == 2
+    assert config.algorithm.model_extra == {}
+    assert len(logs) == 1 and logs[0]["log_level"] == "warning"
+    assert logs[0]["dropped"] == ["algorithm.clip_eps", "algorithm.kl_coef", "algorithm.entropy_coef"]
+    assert logs[0]["algorithm"] == "sft" and logs[0]["file"].endswith("quickstart.yaml")
+
+
+def test_keys_set_on_the_command_line_are_kept_for_strict_validation():
+    config, logs = switch("algorithm.name=sft", "algorithm.clip_epz=0.1", "algorithm.kl_coef=0.5")
+    # Kept (the learner's check then refuses both, naming them); only the preset's own keys are dropped.
+    assert config.algorithm.model_extra == {"clip_epz": 0.1, "kl_coef": 0.5}
+    assert logs[0]["dropped"] == ["algorithm.clip_eps", "algorithm.entropy_coef"]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["algorithm.clip_eps=0.3"],  # no switch
+        ["algorithm.name=grpo"],  # the preset's own algorithm
+        ["algorithm.name=no_such_algo"],  # unknown: the learner's check reports it
+    ],
+)
+def test_nothing_is_dropped_without_a_switch_to_a_known_algorithm(overrides):
+    config, logs = switch(*overrides)
+    assert {"clip_eps", "kl_coef", "entropy_coef"} <= set(config.algorithm.model_extra)
+    assert logs == []
+
+
+def test_without_algorithm_keys_the_loader_drops_nothing():
+    config = load_config(None, ["algorithm.name=sft"])
+    assert {"clip_eps", "kl_coef", "entropy_coef"} <= set(config.algorithm.model_extra)

@@ -45,3 +45,23 @@ def test_reset_draws_seeded_tasks_and_time_limit_truncates():
 def test_bad_options_fail_at_make():
     with pytest.raises(pydantic.ValidationError, match="unknown BabyAI levels"):
         gymnasium.make("agentgym/babyai-v0", levels=["NoSuchLevel"])
+
+
+def test_registrations_carry_each_envs_default_turn_limit():
+    limits = {name: gymnasium.spec(envs.gym.gym_id(name)).max_episode_steps for name in envs.names()}
+    assert {name: limits[name] for name in ("babyai", "textcraft", "sciworld", "search", "web")} == {
+        "babyai": 20,
+        "textcraft": 30,
+        "sciworld": 30,
+        "search": 30,
+        "web": 15,
+    }
+    assert all(limits[name] == envs.env_class(name).default_max_turns for name in envs.names())
+
+
+def test_textcraft_truncates_at_its_turn_limit_without_max_steps():
+    env = gymnasium.make("agentgym/textcraft-v0")
+    env.reset(options={"task_id": 0})
+    flags = [env.step("Action: inventory")[2:4] for _ in range(30)]
+    assert flags[:-1] == [(False, False)] * 29 and flags[-1] == (False, True)
+    env.close()

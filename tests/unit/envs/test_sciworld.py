@@ -71,7 +71,9 @@ def test_reset_shows_task_and_room(env: SciWorldEnv) -> None:
     obs = env.reset(0)
     assert obs.text.startswith("Your task is to boil water.")
     assert "This room is called the" in obs.text
+    description = obs.info.pop("task_description")
     assert obs.info == {"task_id": 0, "task_name": "boil", "variation": 0}
+    assert obs.text.startswith(f"{description}\nThis room is called the")  # what AgentGym's /reset splits
 
 
 def test_reward_is_score_change_over_100_and_success_needs_100(env: SciWorldEnv) -> None:

@@ -209,3 +209,20 @@ def test_max_steps_ends_the_episode() -> None:
 def test_bad_options_raise(options: dict, named: str) -> None:
     with pytest.raises(pydantic.ValidationError, match=named):
         TextCraftEnv(**options)
+
+
+def test_reset_to_goal_plays_a_goal_and_listing_of_the_callers(env: TextCraftEnv) -> None:
+    listing = "craft 4 oak planks using 1 oak logs"
+    for goal in ("minecraft:oak_planks", "oak planks"):
+        obs = env.reset_to_goal(goal, listing)
+        assert obs.text == f"Crafting commands:\n{listing}\n\nGoal: craft oak planks."
+        assert obs.info == {"task_id": None, "goal": "oak planks"}
+        assert (env.goal, env.commands) == ("oak planks", listing)
+    env.step("Action: get 1 oak logs")
+    result = env.step("Action: craft 4 oak planks using 1 oak logs")
+    assert result.done and result.reward == 1.0 and result.info["success"]
+    with pytest.raises(EnvError, match="no craftable item"):
+        env.reset_to_goal("minecraft:oak_logs", listing)  # a base item: no recipe makes it
+    env.reset(3)
+    assert env.goal == goals()[3].removeprefix("minecraft:").replace("_", " ")
+    assert env.commands and env.commands in env.reset(3).text

@@ -1,0 +1,269 @@
+"""The routes of each AgentGym server shape, over one ``EnvService``.
+
+Each builder returns the five routes (``/create``, ``/reset``, ``/step``, ``GET /observation``,
+``/close``) with the request bodies and response fields of one AgentGym server, as its client
+(``agentenv.envs.*``) sends and reads them; ``info`` (the env's own step info) is this project's
+addition, which AgentGym's clients ignore. ``envs.http.server`` documents the shapes in a table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any
+
+from fastapi import APIRouter, Body, Query
+
+from envs.base import TextEnv
+from envs.http.models import (
+    SCIWORLD_SCALE,
+    CloseRequest,
+    EnvIdxCloseRequest,
+    EnvIdxStepRequest,
+    ResetRequest,
+    SearchCreateRequest,
+    SearchResetRequest,
+    StepRequest,
+    TextCraftCreateRequest,
+    TextCraftResetRequest,
+    WebArenaResetRequest,
+)
+from envs.http.service import EnvService, ServerError
+
+if TYPE_CHECKING:
+    from envs.textcraft import TextCraftEnv
+
+
+def agentgym_routes(service: EnvService) -> APIRouter:
+    """The common protocol, in the shapes of AgentGym's BabyAI server."""
+    router = APIRouter()
+
+    @router.post("/create")
+    async def create() -> dict[str, int]:
+        return {"id": await service.create()}
+
+    @router.post("/reset")
+    async def reset(body: ResetRequest) -> dict[str, Any]:
+        text, info = await service.reset(body.id, body.data_idx)
+        return {"observation": text, "reward": 0.0, "score": 0.0, "deleted": False, "done": False, "info": info}
+
+    @router.post("/step")
+    async def step(body: StepRequest) -> dict[str, Any]:
+        return await service.step(body.id, body.action, body.verbatim)
+
+    @router.get("/observation")
+    async def observation(env_id: int = Query(alias="id", description="Env id from /create.")) -> dict[str, Any]:
+        episode = service.episode(env_id)
+        return {
+            "observation": episode.observation,
+            "reward": episode.reward,
+            "score": episode.score,
+            "done": episode.done,
+            "deleted": False,
+        }
+
+    @router.post("/close")
+    async def close(body: CloseRequest) -> bool:
+        return await service.close(body.id)
+
+    return router
+
+
+def textcraft_routes(service: EnvService) -> APIRouter:
+    """AgentGym's TextCraft server: ``/create`` answers with the first observation, ``/commands`` and
+    ``/goal`` read the running episode."""
+    router = APIRouter()
+
+    @router.post("/create")
+    async def create(body: Annotated[TextCraftCreateRequest | None, Body()] = None) -> dict[str, Any]:
+        custom = body is not None and (body.commands is not None or body.goal is not None)
+        if custom and (body.commands is None or body.goal is None):
+            raise ServerError(
+                422, "malformed request: give both `commands` and `goal` (one episode of yours) or neither"
+            )
+        env_id = await service.create()
+        try:
+            if custom:
+                goal, commands = body.goal, body.commands
+                text, info = await service.begin(
+                    env_id, lambda env: _textcraft(env).reset_to_goal(goal, commands), f"goal {goal!r}"
+                )
+            else:
+                # As AgentGym's server does: the new env starts task `data_idx = id` (wrapped around the tasks).
+                tasks = await service.task_ids(env_id)
+                text, info = await service.reset(env_id, tasks[env_id % len(tasks)])
+        except ServerError:
+            await service.close(env_id)  # the caller never learns this id: free it
+            raise
+        return {"id": env_id, "observation": text, "done": False, "reward": 0, "info": info}
+
+    @router.post("/reset")
+    async def reset(body: TextCraftResetRequest) -> dict[str, Any]:
+        text, info = await service.reset(body.id, body.data_idx)
+        return {"id": body.id, "observation": text, "done": False, "reward": 0, "info": info}
+
+    @router.post("/step")
+    async def step(body: StepRequest) -> dict[str, Any]:
+        result = await service.step(body.id, body.action, body.verbatim)
+        return {key: result[key] for key in ("observation", "reward", "done", "info")}
+
+    @router.get("/observation")
+    async def observation(env_id: int = Query(alias="id", description="Env id from /create.")) -> str:
+        return service.episode(env_id).observation
+
+    @router.get("/commands")
+    async def commands(env_id: int = Query(alias="id", description="Env id from /create.")) -> str:
+        return _textcraft(service.episode(env_id).env).commands
+
+    @router.get("/goal")
+    async def goal(env_id: int = Query(alias="id", description="Env id from /create.")) -> str:
+        return _textcraft(service.episode(env_id).env).goal
+
+    @router.post("/close")
+    async def close(body: CloseRequest) -> bool:
+        return await service.close(body.id)
+
+    return router
+
+
+def sciworld_routes(service: EnvService) -> APIRouter:
+    """AgentGym's SciWorld server: ``/reset`` names the task, reward and score are on the 0-100 scale."""
+    router = APIRouter()
+
+    @router.post("/create")
+    async def create() -> dict[str, int]:
+        return {"id": await service.create()}
+
+    @router.post("/reset")
+    async def reset(body: ResetRequest) -> dict[str, Any]:
+        text, info = await service.reset(body.id, body.data_idx)
+        description = str(info.get("task_description", ""))
+        # AgentGym's client shows `task_description + "\n" + observation`: the observation is what follows.
+        look = text.removeprefix(f"{description}\n") if description else text
+        # As AgentGym's server, GET /observation answers the look alone until the first step (no await since the
+        # reset, so no step of this env ran in between).
+        service.episode(body.id).observation = look
+        return {
+            "task_name": info.get("task_name", ""),
+            "var_num": info.get("variation", 0),
+            "task_description": description,
+            "observation": look,
+            "reward": 0,
+            "score": 0,
+            "deleted": False,
+            "done": False,
+            "info": info,
+        }
+
+    @router.post("/step")
+    async def step(body: StepRequest) -> dict[str, Any]:
+        result = await service.step(body.id, body.action, body.verbatim)
+        # Rounded: the env's rewards are whole score points / 100, which x100 gives back only up to round-off.
+        result["reward"] = round(result["reward"] * SCIWORLD_SCALE, 6)
+        result["score"] = round(result["score"] * SCIWORLD_SCALE, 6)
+        return result
+
+    @router.get("/observation")
+    async def observation(env_id: int = Query(alias="id", description="Env id from /create.")) -> str:
+        return service.episode(env_id).observation
+
+    @router.post("/close")
+    async def close(body: CloseRequest) -> bool:
+        return await service.close(body.id)
+
+    return router
+
+
+def searchqa_routes(service: EnvService) -> APIRouter:
+    """Deep Search's ``env_idx`` variant (AgentGym's SearchQA server)."""
+    router = APIRouter()
+
+    @router.post("/create")
+    async def create(body: Annotated[SearchCreateRequest | None, Body()] = None) -> int:
+        env_idx = await service.create()
+        if body is not None and body.id is not None:
+            try:
+                await service.reset(env_idx, body.id)
+            except ServerError:
+                await service.close(env_idx)  # the caller never learns this index: free it
+                raise
+        return env_idx
+
+    @router.post("/reset")
+    async def reset(body: SearchResetRequest) -> str:
+        text, _ = await service.reset(body.env_idx, body.id)
+        return text
+
+    @router.post("/step")
+    async def step(body: EnvIdxStepRequest) -> dict[str, Any]:
+        result = await service.step(body.env_idx, body.action, body.verbatim)
+        result["info"] = {**result["info"], "score": result.pop("score")}
+        return result
+
+    @router.get("/observation")
+    async def observation(env_idx: int = Query(description="Env index from /create.")) -> str:
+        return service.episode(env_idx).observation
+
+    @router.post("/close")
+    async def close(body: EnvIdxCloseRequest) -> bool:
+        return await service.close(body.env_idx)
+
+    return router
+
+
+def webarena_routes(service: EnvService) -> APIRouter:
+    """AgentGym's WebArena server: ``env_idx`` bodies, ``/reset {env_idx, seed, idx}``, ``terminated`` and
+    ``truncated`` instead of ``done``."""
+    router = APIRouter()
+
+    @router.post("/create")
+    async def create() -> dict[str, int]:
+        return {"env_idx": await service.create()}
+
+    @router.post("/reset")
+    async def reset(body: WebArenaResetRequest) -> dict[str, Any]:
+        text, info = await service.reset(body.env_idx, body.idx)
+        return {"observation": text, "sites": info.get("sites", []), "object": info.get("intent", ""), "info": info}
+
+    @router.post("/step")
+    async def step(body: EnvIdxStepRequest) -> dict[str, Any]:
+        result = await service.step(body.env_idx, body.action, body.verbatim)
+        # AgentGym's client stops on `terminated`: an episode the env ended for any reason is terminated.
+        truncated = bool(result["info"].get("truncated", False))
+        return {
+            "observation": result["observation"],
+            "reward": result["reward"],
+            "terminated": result["done"],
+            "truncated": truncated,
+            "info": result["info"],
+        }
+
+    @router.get("/observation")
+    async def observation(env_idx: int = Query(description="Env index from /create.")) -> str:
+        return service.episode(env_idx).observation
+
+    @router.post("/close")
+    async def close(body: EnvIdxCloseRequest) -> dict[str, str]:
+        await service.close(body.env_idx)
+        return {"closed": "closed"}  # also for a second close, as AgentGym's server answers
+
+    return router
+
+
+def _textcraft(env: TextEnv) -> TextCraftEnv:
+    """``env`` as a TextCraft env (for its own goal, commands); 400 for any other env."""
+    from envs.textcraft import TextCraftEnv  # only a textcraft server needs the recipe book
+
+    if not isinstance(env, TextCraftEnv):
+        raise ServerError(
+            400, f"this server's env is {env.name!r}; `commands`, `goal` and /commands, /goal need textcraft"
+        )
+    return env
+
+
+ROUTES: dict[str, Callable[[EnvService], APIRouter]] = {
+    "agentgym": agentgym_routes,
+    "textcraft": textcraft_routes,
+    "sciworld": sciworld_routes,
+    "searchqa": searchqa_routes,
+    "webarena": webarena_routes,
+}
