@@ -21,6 +21,12 @@ def configure_logging(level: str = "info") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # The stream is looked up at each write, so a log line goes to whatever stderr is then (a caller or a
+        # test harness may swap it after this call and close the old one).
+        logger_factory=_print_to_current_stderr,
         cache_logger_on_first_use=False,
     )
+
+
+def _print_to_current_stderr(*_args: object) -> structlog.PrintLogger:
+    return structlog.PrintLogger(file=sys.stderr)

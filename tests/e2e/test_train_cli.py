@@ -121,7 +121,8 @@ def test_envs_lists_every_env_cleanly(tmp_path: Path):
     assert [row[1] for row in rows] == ["train", "test"]
     assert all(int(row[2]) > 0 for row in rows)
     listed = {line.split()[0] for line in result.stdout.splitlines()[1:] if not line.startswith(" ")}
-    assert listed == set(names())
+    # Other test modules register "test-" envs in this process; the CLI's own process has only the package's.
+    assert listed == {name for name in names() if not name.startswith("test-")}
     for remote in ("agentgym-remote", "webarena-remote"):
         assert f"{remote:<16} {'-':<6} {'-':>8}  (needs options: env.options.base_url)" in result.stdout
     assert "validation error" not in result.stdout and "``" not in result.stdout
