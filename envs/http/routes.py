@@ -61,9 +61,7 @@ def agentgym_routes(service: EnvService) -> APIRouter:
             "deleted": False,
         }
 
-    @router.post("/close")
-    async def close(body: CloseRequest) -> bool:
-        return await service.close(body.id)
+    _close_route(router, service)
 
     return router
 
@@ -106,9 +104,7 @@ def textcraft_routes(service: EnvService) -> APIRouter:
         result = await service.step(body.id, body.action, body.verbatim)
         return {key: result[key] for key in ("observation", "reward", "done", "info")}
 
-    @router.get("/observation")
-    async def observation(env_id: int = Query(alias="id", description="Env id from /create.")) -> str:
-        return service.episode(env_id).observation
+    _text_observation_route(router, service, "id")
 
     @router.get("/commands")
     async def commands(env_id: int = Query(alias="id", description="Env id from /create.")) -> str:
@@ -118,9 +114,7 @@ def textcraft_routes(service: EnvService) -> APIRouter:
     async def goal(env_id: int = Query(alias="id", description="Env id from /create.")) -> str:
         return _textcraft(service.episode(env_id).env).goal
 
-    @router.post("/close")
-    async def close(body: CloseRequest) -> bool:
-        return await service.close(body.id)
+    _close_route(router, service)
 
     return router
 
@@ -162,13 +156,9 @@ def sciworld_routes(service: EnvService) -> APIRouter:
         result["score"] = round(result["score"] * SCIWORLD_SCALE, 6)
         return result
 
-    @router.get("/observation")
-    async def observation(env_id: int = Query(alias="id", description="Env id from /create.")) -> str:
-        return service.episode(env_id).observation
+    _text_observation_route(router, service, "id")
 
-    @router.post("/close")
-    async def close(body: CloseRequest) -> bool:
-        return await service.close(body.id)
+    _close_route(router, service)
 
     return router
 
@@ -199,9 +189,7 @@ def searchqa_routes(service: EnvService) -> APIRouter:
         result["info"] = {**result["info"], "score": result.pop("score")}
         return result
 
-    @router.get("/observation")
-    async def observation(env_idx: int = Query(description="Env index from /create.")) -> str:
-        return service.episode(env_idx).observation
+    _text_observation_route(router, service, "env_idx")
 
     @router.post("/close")
     async def close(body: EnvIdxCloseRequest) -> bool:
@@ -237,9 +225,7 @@ def webarena_routes(service: EnvService) -> APIRouter:
             "info": result["info"],
         }
 
-    @router.get("/observation")
-    async def observation(env_idx: int = Query(description="Env index from /create.")) -> str:
-        return service.episode(env_idx).observation
+    _text_observation_route(router, service, "env_idx")
 
     @router.post("/close")
     async def close(body: EnvIdxCloseRequest) -> dict[str, str]:
@@ -247,6 +233,22 @@ def webarena_routes(service: EnvService) -> APIRouter:
         return {"closed": "closed"}  # also for a second close, as AgentGym's server answers
 
     return router
+
+
+def _text_observation_route(router: APIRouter, service: EnvService, id_name: str) -> None:
+    """``GET /observation?<id_name>=N``: the running episode's observation text."""
+
+    @router.get("/observation")
+    async def observation(env_id: int = Query(alias=id_name, description="Env id from /create.")) -> str:
+        return service.episode(env_id).observation
+
+
+def _close_route(router: APIRouter, service: EnvService) -> None:
+    """``POST /close {id}``: true, or false for an env closed already."""
+
+    @router.post("/close")
+    async def close(body: CloseRequest) -> bool:
+        return await service.close(body.id)
 
 
 def _textcraft(env: TextEnv) -> TextCraftEnv:

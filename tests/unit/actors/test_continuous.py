@@ -12,23 +12,17 @@ import asyncio
 import pytest
 import torch
 
-from actors.engines import CompletionRequest, QueueFullError, SamplingParams, make_engine
+from actors.engines import CompletionRequest, QueueFullError, SamplingParams
 from actors.engines.continuous import ContinuousBatcher
 from actors.engines.serving import choice_seed, seeded_generator
 from actors.models import load_model
 from actors.weights import pack_state_dict
 from configs.schema import SamplingConfig
+from tests.unit.actors.helpers import tiny_engine
 
 
 def new_engine(tokenizer):
-    return make_engine(
-        "transformers",
-        model_name="tiny-random",
-        dtype="float32",
-        seed=0,
-        stop_token_ids=[tokenizer.eos_token_id],
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    return tiny_engine(tokenizer)
 
 
 @pytest.fixture(scope="module")

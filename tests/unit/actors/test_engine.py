@@ -15,6 +15,7 @@ from actors.engines import EngineUnavailableError, make_engine
 from actors.models import load_model
 from actors.weights import pack_state_dict
 from configs.schema import SamplerConfig, SamplingConfig
+from tests.unit.actors.helpers import tiny_engine
 
 VLLM_MISSING = importlib.util.find_spec("vllm") is None or not torch.cuda.is_available()
 ENGINES = [
@@ -38,15 +39,7 @@ PROMPTS = [[1, 2, 3, 4, 5], [9, 8], [7, 7, 7, 7, 7, 7, 7, 7]]
 
 @pytest.fixture(scope="module", params=ENGINES)
 def engine(request, tokenizer):
-    return make_engine(
-        request.param,
-        model_name="tiny-random",
-        dtype="float32",
-        seed=0,
-        stop_token_ids=[tokenizer.eos_token_id],
-        pad_token_id=tokenizer.pad_token_id,
-        max_cached_tokens=4096,
-    )
+    return tiny_engine(tokenizer, request.param, max_cached_tokens=4096)
 
 
 def streams(*seeds: int) -> list[torch.Generator]:

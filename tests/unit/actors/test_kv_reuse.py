@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actors.engines import make_engine
 from actors.models import load_model
 from actors.weights import pack_state_dict
 from configs.schema import SamplingConfig
+from tests.unit.actors.helpers import tiny_engine
 
 SAMPLING = SamplingConfig(max_new_tokens=10)
 # Different lengths, so that cached prefixes and new suffixes are both ragged within a batch.
@@ -17,15 +17,7 @@ OPENINGS = [[1, 2, 3, 4, 5, 6, 7], [9, 8], [7] * 30, [5, 5, 5], [11, 12, 13, 14]
 
 
 def make(tokenizer, cached_tokens: int, stop_token_ids: list[int] | None = None):
-    return make_engine(
-        "transformers",
-        model_name="tiny-random",
-        dtype="float32",
-        seed=0,
-        stop_token_ids=stop_token_ids or [tokenizer.eos_token_id],
-        pad_token_id=tokenizer.pad_token_id,
-        max_cached_tokens=cached_tokens,
-    )
+    return tiny_engine(tokenizer, stop_token_ids=stop_token_ids, max_cached_tokens=cached_tokens)
 
 
 def play(engine, keys, turns: int = 4, diverge_at: int | None = None):

@@ -3,21 +3,14 @@
 import asyncio
 
 from actors.chat import ChatFormat
-from actors.engines import make_engine
 from actors.rollout import run_episode
 from configs.schema import SamplingConfig
 from envs.actor import EnvHost
+from tests.unit.actors.helpers import tiny_engine
 
 
 def _play(tokenizer, *, horizon, max_context_tokens, max_new_tokens=12):
-    engine = make_engine(
-        "transformers",
-        model_name="tiny-random",
-        dtype="float32",
-        seed=0,
-        stop_token_ids=[tokenizer.eos_token_id],
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    engine = tiny_engine(tokenizer)
     # The host an env actor runs, used in-process: it stamps each observation with the env's state key.
     env = EnvHost("babyai", {"levels": ["GoToRedBall"]})
     returned = []  # what the engine handed back, turn by turn

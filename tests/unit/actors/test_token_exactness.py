@@ -22,11 +22,12 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 from transformers import PreTrainedTokenizerFast
 
 from actors.chat import ChatFormat, TemplateError
-from actors.engines import Generation, make_engine
+from actors.engines import Generation
 from actors.rollout import run_episode
 from actors.trajectory import Trajectory
 from configs.schema import SamplingConfig
 from envs import make
+from tests.unit.actors.helpers import tiny_engine
 
 LLAMA3 = (
     "{{ '<|begin_of_text|>' }}{% for m in messages %}"
@@ -157,14 +158,7 @@ def tokenizer_for(tokenizer, case: str):
 
 @pytest.fixture(scope="module")
 def engine(tokenizer):
-    return make_engine(
-        "transformers",
-        model_name="tiny-random",
-        dtype="float32",
-        seed=0,
-        stop_token_ids=[tokenizer.eos_token_id],
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    return tiny_engine(tokenizer)
 
 
 def play(chat: ChatFormat, generate) -> Trajectory:
