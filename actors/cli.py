@@ -13,15 +13,15 @@ from pathlib import Path
 if not os.environ.get("RAY_ADDRESS"):
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
-import pydantic  # noqa: E402
-import structlog  # noqa: E402
+import pydantic
+import structlog
 
-from actors.logs import configure_logging  # noqa: E402
-from actors.models import ModelError  # noqa: E402
-from actors.trainer import TrainError, prepare_run, train  # noqa: E402
-from configs import ConfigError  # noqa: E402
-from envs import EnvError, env_class, make, names  # noqa: E402
-from envs.http.cli import add_server_arguments, run_server  # noqa: E402
+from actors.logs import configure_logging
+from actors.models import ModelError
+from actors.trainer import TrainError, prepare_run, train
+from configs import ConfigError
+from envs import EnvError, env_class, make, names
+from envs.http.cli import add_server_arguments, run_server
 
 log = structlog.get_logger()
 
@@ -215,6 +215,13 @@ def build_parser() -> argparse.ArgumentParser:
     p_serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p_serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     p_serve.add_argument("--api-key", default=None, help="require this bearer key (default: $AGENTGYM_RL_API_KEY)")
+    p_serve.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="serve.KEY=VALUE",
+        help="a serve setting (engine, max_batch_size, kv_cache_tokens, max_queued_requests, max_n, ...); repeatable",
+    )
     p_serve.set_defaults(func=cmd_serve)
 
     p_eval = sub.add_parser("eval", help="evaluate a checkpoint or model on an env split (success, score, pass@K)")

@@ -13,9 +13,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import ray
+from pydantic import ValidationError
 
 from actors.trainer import init_ray, ray_address
 from configs import Config
+from configs.loader import ConfigError, apply_override, format_validation_error
 from configs.schema import ServeConfig
 from serve.app import ServeArgs, ServeError, start_server, stop_server
 
@@ -56,14 +58,30 @@ def stop_on_signals() -> None:
         signal.signal(signum, stop)
 
 
+def serve_config(args: argparse.Namespace) -> ServeConfig:
+    """The ``serve`` section from ``--host``, ``--port``, ``--api-key`` and then each ``--set serve.KEY=VALUE``.
+
+    Raises:
+        ConfigError: an override outside ``serve.``, or a value the section refuses (named with its key).
+    """
+    data: dict = {"serve": {"host": args.host, "port": args.port, "api_key": args.api_key}}
+    for item in args.set:
+        if not item.startswith("serve."):
+            raise ConfigError(f"--set {item!r}: `agentgym-rl serve` takes serve.* keys (e.g. serve.max_batch_size=8)")
+        apply_override(data, item)
+    try:
+        return Config.model_validate(data).serve
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, "--set")) from exc
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """Serve ``args.checkpoint`` or ``args.model`` on ``args.host:args.port``; blocks until interrupted.
 
     Returns 2 (after saying why) for a bad checkpoint, bad settings or too few free CPUs.
     """
     try:
-        config = ServeConfig(host=args.host, port=args.port, api_key=args.api_key)
-        serve_args = ServeArgs(checkpoint=args.checkpoint, model=args.model, serve=config)
+        serve_args = ServeArgs(checkpoint=args.checkpoint, model=args.model, serve=serve_config(args))
     except ValueError as exc:
         print(f"agentgym-rl: error: {exc}", file=sys.stderr)
         return 2

@@ -123,7 +123,7 @@ def test_training_run_serves_each_new_version(tmp_path: Path):
 def test_serve_command_until_ctrl_c(tmp_path: Path, sigint_ignored: bool):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    args = ("serve", "--model", "tiny-random", "--port", str(port), "--api-key", "k")
+    args = ("serve", "--model", "tiny-random", "--port", str(port), "--api-key", "k", "--set", "serve.max_n=1")
     process = start_cli(*args, cwd=tmp_path, sigint_ignored=sigint_ignored)
     lines: list[str] = []
     serving = threading.Event()
@@ -149,6 +149,13 @@ def test_serve_command_until_ctrl_c(tmp_path: Path, sigint_ignored: bool):
         assert httpx.get(url + "/v1/models", timeout=30).status_code == 401
         models = httpx.get(url + "/v1/models", headers={"Authorization": "Bearer k"}, timeout=30).json()
         assert [m["id"] for m in models["data"]] == ["tiny-random"]
+        too_many = httpx.post(
+            url + "/v1/chat/completions",
+            headers={"Authorization": "Bearer k"},
+            json={"model": "tiny-random", "messages": [{"role": "user", "content": "hi"}], "n": 2, "max_tokens": 1},
+            timeout=120,
+        )
+        assert too_many.status_code == 400 and "max_n" in too_many.text, too_many.text  # the --set took effect
         # The ingress answers before the command has finished starting every deployment; Ctrl-C comes
         # once it says it is serving.
         assert serving.wait(timeout=300), "".join(lines)[-3000:]
@@ -169,3 +176,10 @@ def test_serve_command_rejects_a_missing_checkpoint(tmp_path: Path):
     output, _ = process.communicate(timeout=120)
     assert process.returncode == 2
     assert "config.json" in output
+
+
+def test_serve_command_names_a_bad_setting(tmp_path: Path):
+    process = start_cli("serve", "--model", "tiny-random", "--set", "serve.max_batch_sise=4", cwd=tmp_path)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 2
+    assert "serve.max_batch_sise: unknown key" in output
