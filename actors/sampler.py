@@ -356,7 +356,7 @@ class SamplerActor:
                         self.engine.generate, prompts, self.config.sampling, generators, keys
                     )
                     version = self.engine.weights_version
-            except Exception as exc:  # hand the failure to every waiting episode instead of hanging them
+            except Exception as exc:  # noqa: BLE001 -- hand the failure to every waiting episode instead of hanging them
                 for *_, future in batch:
                     future.set_exception(exc)
                 continue

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 import ray
-import ray._private.ray_constants as ray_constants
 import structlog
 from pydantic import ValidationError
+from ray._private import ray_constants
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from actors.chat import ChatFormat

@@ -29,13 +29,13 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
-import httpx  # noqa: E402
-import ray  # noqa: E402
+import httpx
+import ray
 
-import envs  # noqa: E402
-from envs.actor import create_env_actor  # noqa: E402
-from envs.base import EnvError, TextEnv  # noqa: E402
-from envs.http import AgentGymClient  # noqa: E402
+import envs
+from envs.actor import create_env_actor
+from envs.base import EnvError, TextEnv
+from envs.http import AgentGymClient
 
 # Each SciWorld instance is a JVM: more than 8 at once would only measure this machine's memory,
 # and --quick cannot afford to start 8 of them three times.
@@ -60,7 +60,7 @@ class Player:
         return ("reset", task) if self.turn < 0 else ("step", actions[self.turn])
 
     def feed(self, result: Any) -> None:
-        task, actions = self.episodes[self.episode]
+        _task, actions = self.episodes[self.episode]
         if self.turn >= 0:
             self.steps += 1
         self.turn += 1
@@ -196,7 +196,7 @@ def main() -> None:
             probe = envs.make(name)
             scripts = oracle_scripts(probe)
             probe.close()
-        except Exception as exc:  # any failure to start means: skip this env and say why
+        except Exception as exc:  # noqa: BLE001 -- any failure to start means: skip this env and say why
             print(f"{name:<10} skipped: {type(exc).__name__}: {str(exc).splitlines()[0][:150]}")
             continue
         counts = [n for n in concurrency if n <= limits.get(name, n)]
@@ -204,7 +204,7 @@ def main() -> None:
             base = in_process(name, scripts, counts, seconds)
             actors = through_actors(name, scripts, counts, seconds)
             http = through_http(name, scripts, counts, seconds)
-        except Exception as exc:  # a failure mid-run (a JVM that died) costs this env's rows, not the table
+        except Exception as exc:  # noqa: BLE001 -- a failure mid-run (a JVM that died) costs this env's rows, not the table
             print(f"{name:<10} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:150]}")
             continue
         for n in counts:

@@ -324,7 +324,7 @@ class BabyAIEnv(TextEnv):
         """Ids of ``split`` ("train" or "test") restricted to the configured levels, ascending."""
         test_seeds = self.options.test_seeds
         if split == "test":
-            seeds = range(0, test_seeds)
+            seeds = range(test_seeds)
         elif split == "train":
             seeds = range(test_seeds, test_seeds + _TRAIN_SEEDS)
         else:

@@ -20,7 +20,7 @@ SciWorld and Deep Search 30, WebArena 15), so gymnasium's ``TimeLimit`` truncate
 from __future__ import annotations
 
 import string
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium
 from gymnasium.spaces import Text
@@ -41,7 +41,7 @@ def gym_id(name: str) -> str:
 class TextGymEnv(gymnasium.Env[str, str]):
     """A ``TextEnv`` behind gymnasium's API; ``terminated`` is the env's ``done``."""
 
-    metadata: dict[str, Any] = {"render_modes": []}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
 
     def __init__(self, env_name: str, split: str = "train", **options: Any) -> None:
         """Create env ``env_name`` with ``options``; tasks drawn by ``reset`` come from ``split``."""

@@ -228,7 +228,7 @@ class SciWorldEnv(TextEnv):
             # combination on each call, which costs more than the step itself.
             server = self._sim.server
             text = server.step(action)
-            score = int(round(100 * server.getScore()))
+            score = round(100 * server.getScore())
             completed = bool(server.getCompleted()) or score < 0
             valid = not text.startswith(_UNKNOWN_ACTION)
             reward = (score - self._score) / 100

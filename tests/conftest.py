@@ -7,9 +7,9 @@ import os
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.pop("RAY_ADDRESS", None)
 
-import pytest  # noqa: E402
+import pytest
 
-from actors.models import load_tokenizer  # noqa: E402
+from actors.models import load_tokenizer
 
 
 @pytest.fixture(scope="session")

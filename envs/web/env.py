@@ -265,7 +265,7 @@ class WebEnv(TextEnv):
             return url
         for alias, server in self._servers.items():
             for base in (alias, server.base_url):
-                if url == base or url.startswith(base + "/") or url.startswith(base + "?"):
+                if url == base or url.startswith((base + "/", base + "?")):
                     return server.base_url + url[len(base) :]
         return None
 

@@ -32,7 +32,8 @@ def start_cli(*args: str, cwd: Path, sigint_ignored: bool = False) -> subprocess
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN if sigint_ignored else signal.SIG_DFL),
+        # The child only sets one signal's disposition before exec (what a shell does for a background job).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN if sigint_ignored else signal.SIG_DFL),  # noqa: PLW1509
     )
 
 

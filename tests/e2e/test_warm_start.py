@@ -32,7 +32,9 @@ SETTINGS = [
 def train(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     command = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "actors.cli"]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    return subprocess.run([*command, "train", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [*command, "train", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
 
 
 def parameters(path: Path) -> torch.Tensor:

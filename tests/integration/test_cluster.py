@@ -233,7 +233,7 @@ def run_and_kill_learner(trainer: Trainer, when: Callable[[], bool]) -> dict:
     def target() -> None:
         try:
             outcome["last"] = trainer.run()
-        except Exception as exc:  # handed to the test's thread
+        except Exception as exc:  # noqa: BLE001 -- handed to the test's thread
             outcome["error"] = exc
 
     thread = threading.Thread(target=target, daemon=True)

@@ -264,9 +264,12 @@ def browser_processes(pid: int, kind: str) -> list[psutil.Process]:
     found = []
     for process in psutil.Process(pid).children(recursive=True):
         with contextlib.suppress(psutil.NoSuchProcess):
-            if kind == "chromium" and "chrom" in process.name().lower():
-                found.append(process)
-            elif kind == "driver" and process.exe().startswith(driver):
+            if (
+                kind == "chromium"
+                and "chrom" in process.name().lower()
+                or kind == "driver"
+                and process.exe().startswith(driver)
+            ):
                 found.append(process)
     return found
 

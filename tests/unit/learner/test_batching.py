@@ -9,7 +9,7 @@ def test_turn_rewards_sit_on_each_turns_last_sampled_token():
     traj = two_turn_trajectory(g, group=3, reward=1.0)
     traj = traj.model_copy(update={"step_rewards": [0.25, 0.75]})
     batch = collate([traj], pad_token_id=0)
-    (s1, e1), (s2, e2) = traj.turn_spans
+    (_s1, e1), (_s2, e2) = traj.turn_spans
     rewards = batch["token_rewards"][0]
     assert rewards[e1 - 2] == 0.25 and rewards[e2 - 2] == 0.75
     assert rewards.sum() == 1.0
@@ -32,7 +32,7 @@ def test_pack_then_unpack_restores_every_target():
     assert torch.equal(restored, batch["loss_mask"])
     # each token attends only inside its own sequence
     for r, placed in enumerate(packed.segments):
-        (first, offset, n) = placed[0]
+        (_first, offset, n) = placed[0]
         if len(placed) > 1:
             _, offset2, _ = placed[1]
             assert not packed.attention_mask[r, 0, offset2, offset].item()

@@ -18,7 +18,7 @@ README = Path(__file__).resolve().parents[3] / "README.md"
 @pytest.fixture
 def user_module(tmp_path, monkeypatch):
     text = README.read_text()
-    code = re.search(r"<!-- user-algorithm -->\n```python\n(.*?)```", text, re.S).group(1)
+    code = re.search(r"<!-- user-algorithm -->\n```python\n(.*?)```", text, re.DOTALL).group(1)
     (tmp_path / "my_algos.py").write_text(code)
     monkeypatch.syspath_prepend(str(tmp_path))
     yield "my_algos:BestOfGroup"
