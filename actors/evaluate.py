@@ -28,14 +28,12 @@ from actors.trainer import init_ray
 from actors.trajectory import Trajectory
 from configs import Config, ConfigError, load_config
 from configs.loader import apply_override, format_validation_error
-from envs import TextEnv, make
+from envs import TextEnv, env_class, make
 from envs.babyai import LEVELS
 from envs.textcraft import RecipeBook, goals, recipe_book
 
 log = structlog.get_logger()
 
-# The paper's evaluation turn limits (REFERENCE.md "Evaluation"); other envs need --max-turns.
-DEFAULT_MAX_TURNS = {"babyai": 20, "sciworld": 30, "textcraft": 30, "search": 30, "webarena": 15}
 DEFAULT_TEMPERATURE = 1.0
 Z_95 = 1.959963984540054  # standard normal quantile of 0.975
 
@@ -155,6 +153,20 @@ def _depth(book: RecipeBook, item: str, path: frozenset[str]) -> int:
         return 0
     below = path | {item}
     return min(1 + max(_depth(book, name, below) for name, _ in recipe.inputs) for recipe in recipes)
+
+
+def eval_turn_limit(env_name: str, max_turns: int | None) -> int:
+    """``max_turns`` when given, else the env's ``default_max_turns`` (the paper's evaluation limit: BabyAI 20,
+    SciWorld, TextCraft and Deep Search 30, the web envs 15).
+
+    Raises:
+        EvalError: neither is set (the env has no published limit).
+        EnvError: ``env_name`` is not a registered env.
+    """
+    limit = max_turns or env_class(env_name).default_max_turns
+    if limit is None:
+        raise EvalError(f"env {env_name!r} has no published turn limit; pass --max-turns N")
+    return limit
 
 
 @cache
@@ -331,9 +343,7 @@ def run_eval(options: EvalOptions) -> tuple[dict, Path]:
     else:
         policy_name = options.model
         source_name = Path(options.model).name
-    max_turns = options.max_turns or DEFAULT_MAX_TURNS.get(options.env)
-    if max_turns is None:
-        raise EvalError(f"env {options.env!r} has no published turn limit; pass --max-turns N")
+    max_turns = eval_turn_limit(options.env, options.max_turns)
     config = build_config(options, policy_name, run_dir)
     model_dir(config.model.name)  # build a built-in model once here, before samplers race to do it
     env = make(config.env.name, config.env.options)

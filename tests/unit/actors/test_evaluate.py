@@ -13,6 +13,7 @@ from actors.evaluate import (
     build_config,
     episode_score,
     episode_seeds,
+    eval_turn_limit,
     mean_interval,
     pass_at_k,
     pick_tasks,
@@ -26,7 +27,7 @@ from actors.models import model_dir
 from actors.rundir import RunDir
 from actors.trajectory import Trajectory
 from configs import Config, ConfigError, dump_config, load_config
-from envs import make
+from envs import EnvError, make
 from envs.textcraft import goals
 
 
@@ -157,6 +158,16 @@ def test_episode_score_puts_sciworld_on_0_to_100_and_failure_at_zero():
     assert episode_score(trajectory("sciworld", [0.25, 0.5], False)) == pytest.approx(75.0)
     assert episode_score(trajectory("sciworld", [0.3, -1.3], False)) == 0.0  # simulator score -100: failed
     assert episode_score(trajectory("textcraft", [1.0], True)) == 1.0
+
+
+def test_eval_turn_limits_are_the_papers_for_every_env_that_has_one():
+    paper = {"babyai": 20, "sciworld": 30, "textcraft": 30, "search": 30, "web": 15, "webarena-remote": 15}
+    assert {name: eval_turn_limit(name, None) for name in paper} == paper
+    assert eval_turn_limit("web", 7) == 7
+    with pytest.raises(EvalError, match="target-word.*--max-turns"):
+        eval_turn_limit("target-word", None)
+    with pytest.raises(EnvError, match="unknown env 'webarena'"):
+        eval_turn_limit("webarena", None)
 
 
 def test_categories_of_real_envs():
