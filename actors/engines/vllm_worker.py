@@ -1,6 +1,6 @@
-"""Methods vLLM mixes into its GPU workers (``worker_extension_cls``), called through ``collective_rpc``.
+"""Methods vLLM mixes into its workers (``worker_extension_cls``), called through ``collective_rpc``.
 
-This module is imported inside vLLM's worker processes; it needs nothing but torch there.
+This module is imported inside vLLM's worker processes; it needs nothing but torch and vLLM there.
 """
 
 from __future__ import annotations
@@ -11,14 +11,45 @@ import torch
 class WeightLoader:
     """Worker extension: loads Hugging Face-named tensors into the running model, in place.
 
-    ``self.model_runner`` and ``self.device`` belong to the vLLM worker this class is mixed into.
+    ``self.model_runner``, ``self.device`` and ``self.vllm_config`` belong to the vLLM worker this class
+    is mixed into. An update is ``begin_loading_named_tensors``, ``load_named_tensors`` per chunk, then
+    ``finish_loading_named_tensors``: between the first and the last, vLLM's layer-wise reload buffers each
+    layer's weights and re-runs its post-load processing once all have arrived (on CPU that repacks
+    the linear layers' weights for its GEMM kernels and drops the plain ones, so a bare
+    ``model.load_weights`` after start-up cannot reach them).
     """
 
-    def load_named_tensors(self, named: list[tuple[str, torch.Tensor]]) -> int:
-        """Copy ``named`` (Hugging Face parameter names, CPU tensors) into the model; returns how many.
+    def begin_loading_named_tensors(self) -> None:
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        with set_current_vllm_config(self.vllm_config):
+            initialize_layerwise_reload(self.model_runner.get_model())
+
+    def load_named_tensors(self, named: list[tuple[str, str, list[int], bytes]]) -> int:
+        """Load ``named`` (Hugging Face parameter names with each tensor's dtype, shape and bytes, see
+        ``vllm_engine.tensor_message``) into the model; returns how many.
 
         vLLM's ``model.load_weights`` maps Hugging Face names onto its fused layers (e.g. q/k/v into
         one ``qkv_proj``), the same way it reads a checkpoint at start-up.
         """
-        self.model_runner.model.load_weights(weights=[(name, tensor.to(self.device)) for name, tensor in named])
+        from vllm.config import set_current_vllm_config
+
+        weights = [
+            (name, tensor_from_message(dtype, shape, data).to(self.device)) for name, dtype, shape, data in named
+        ]
+        with set_current_vllm_config(self.vllm_config):
+            self.model_runner.get_model().load_weights(weights=weights)
         return len(named)
+
+    def finish_loading_named_tensors(self) -> None:
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        with set_current_vllm_config(self.vllm_config):
+            finalize_layerwise_reload(self.model_runner.get_model(), self.model_runner.model_config)
+
+
+def tensor_from_message(dtype: str, shape: list[int], data: bytes) -> torch.Tensor:
+    """The tensor that ``vllm_engine.tensor_message`` sent (a copy that owns its memory)."""
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(getattr(torch, dtype)).reshape(shape)

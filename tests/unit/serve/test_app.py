@@ -3,6 +3,8 @@ and the 503 (in OpenAI's shape) while the model loads."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import openai
 import pytest
 from fastapi.testclient import TestClient
@@ -23,6 +25,7 @@ def test_serving_uses_the_training_samplers_engine_unless_serve_engine_is_set():
     assert ServeArgs.for_training(chosen).engine == "transformers"
 
 
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
 def test_vllm_engine_without_vllm_fails_at_start_saying_what_to_do():
     with pytest.raises(ServeError, match=r"serve.engine='vllm' needs the vllm package.*pip install"):
         build_app(ServeArgs(model="tiny-random", serve=ServeConfig(engine="vllm")))
