@@ -28,6 +28,7 @@ from learner.algorithms.base import (
 from learner.backends import DeepSpeedBackend, TorchBackend
 from learner.batching import collate, pack, plan_rows, select_rows, unpack_targets
 from learner.forward import ValueModel, masked_token_outputs
+from learner.heap import return_large_frees_to_the_os
 from learner.lora import adapter_state_dict, apply_lora, is_lora, load_adapter_state_dict, merged_state_dict
 from learner.losses import masked_mean
 from learner.precision import BFloat16Compute, resolve_precision
@@ -70,6 +71,7 @@ class LearnerActor:
     ) -> None:
         torch.set_num_threads(learner.num_threads or os.cpu_count() or 1)
         torch.manual_seed(seed)
+        return_large_frees_to_the_os()
         self.config = learner
         self.tokenizer = load_tokenizer(model.name)
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
