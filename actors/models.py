@@ -70,15 +70,17 @@ def _build_smollm2(target: Path) -> None:
     tokenizer.save_pretrained(target)
 
 
-def _build_tiny_random(target: Path) -> None:
+def build_tiny_random(target: Path, *, attention_heads: int = 4, key_value_heads: int = 2) -> None:
+    """Write ``tiny-random`` (2 layers, hidden size 64, SmolLM2's tokenizer, seeded weights) to ``target``;
+    other head counts give its twins (vLLM's CPU attention needs heads of 32 and more: 2 and 1)."""
     tokenizer = load_tokenizer(SMOLLM2)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=attention_heads,
+        num_key_value_heads=key_value_heads,
         max_position_embeddings=8192,
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,
@@ -93,7 +95,7 @@ def _build_tiny_random(target: Path) -> None:
     tokenizer.save_pretrained(target)
 
 
-_BUILDERS = {SMOLLM2: _build_smollm2, TINY_RANDOM: _build_tiny_random}
+_BUILDERS = {SMOLLM2: _build_smollm2, TINY_RANDOM: build_tiny_random}
 
 
 def model_dir(name: str) -> Path:

@@ -13,10 +13,9 @@ import importlib.util
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from actors.engines import EngineUnavailableError, make_engine
-from actors.models import TINY_RANDOM_SEED, load_model
+from actors.models import build_tiny_random, load_model
 from actors.weights import pack_state_dict
 from configs.schema import SamplerConfig, SamplingConfig
 from tests.unit.actors.helpers import tiny_engine
@@ -51,35 +50,13 @@ LOGPROB_TOLERANCE = {"transformers": 1e-4, "vllm": 2e-3}
 PROMPTS = [[1, 2, 3, 4, 5], [9, 8], [7, 7, 7, 7, 7, 7, 7, 7]]
 
 
-def tiny_random_head_dim_32(target, tokenizer) -> str:
-    """tiny-random with 2 heads of 32 (1 key/value head) instead of 4 of 16: vLLM's CPU attention
-    kernels take head sizes of 32 and more."""
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=8192,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(TINY_RANDOM_SEED)
-        model = LlamaForCausalLM(config)
-    model.save_pretrained(target)
-    tokenizer.save_pretrained(target)
-    return str(target)
-
-
 @pytest.fixture(scope="module", params=ENGINES)
 def engine_and_model(request, tokenizer, tmp_path_factory):
     """(engine, the model name it runs): tiny-random, or its head-size-32 twin for vLLM's CPU build."""
     if request.param == "vllm" and VLLM_ON_CPU:
-        model_name = tiny_random_head_dim_32(tmp_path_factory.mktemp("tiny-random-hd32"), tokenizer)
+        folder = tmp_path_factory.mktemp("tiny-random-hd32")
+        build_tiny_random(folder, attention_heads=2, key_value_heads=1)
+        model_name = str(folder)
         engine = make_engine(
             "vllm",
             model_name=model_name,
