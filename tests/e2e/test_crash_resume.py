@@ -37,6 +37,10 @@ def command(*args: str) -> list[str]:
     return [*base, *args]
 
 
+def run_cli(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(command(*args), cwd=cwd, env=env, capture_output=True, text=True, timeout=600, check=False)
+
+
 def overrides(runs: Path, name: str) -> list[str]:
     return [item for setting in [*SETTINGS, f"run.dir={runs}", f"run.name={name}"] for item in ("--set", setting)]
 
@@ -83,24 +87,10 @@ def test_sigkill_during_a_checkpoint_write_then_resume(tmp_path: Path):
     complete = sorted(p.name for p in (run_dir / "checkpoints").glob("iter_*") if (p / "trainer.json").exists())
     assert complete == ["iter_000001"]
 
-    resumed = subprocess.run(
-        command("train", "--resume", str(run_dir)),
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    resumed = run_cli("train", "--resume", str(run_dir), cwd=tmp_path, env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    straight = subprocess.run(
-        command("train", str(REPO / "configs" / "quickstart.yaml"), *overrides(runs, "straight")),
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
+    straight = run_cli(
+        "train", str(REPO / "configs" / "quickstart.yaml"), *overrides(runs, "straight"), cwd=tmp_path, env=env
     )
     assert straight.returncode == 0, straight.stderr[-3000:]
 
