@@ -7,8 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import ray
 import structlog
-
-from configs.schema import CurriculumConfig
+from agentgym_rl.configs.schema import CurriculumConfig
 
 log = structlog.get_logger()
 

@@ -3,7 +3,7 @@
 The driver owns one ``SamplerPool``. At each iteration start (``refresh``) it probes every sampler,
 drops the dead ones, then grows the pool toward ``sampler.max_count`` samplers and every sampler
 toward ``sampler.max_envs_per_sampler`` env actors, as far as the cluster has room right now (see
-``actors.placement``); fewer samplers than ``sampler.min_count`` (or a sampler with fewer env actors
+``actors.cluster``); fewer samplers than ``sampler.min_count`` (or a sampler with fewer env actors
 than ``sampler.min_envs_per_sampler``) ends the run with ``PoolError``.
 
 During an iteration every ``collect`` call goes through ``submit``; when its sampler dies (or dies
@@ -22,9 +22,7 @@ from dataclasses import dataclass
 
 import ray
 import structlog
-
-from actors.curriculum import CurriculumActor
-from actors.placement import (
+from agentgym_rl.actors.cluster import (
     env_request,
     fit_count,
     free_resources_per_node,
@@ -33,8 +31,9 @@ from actors.placement import (
     sampler_request,
     sampler_room,
 )
-from actors.sampler import EpisodeRequest, SamplerActor
-from configs import Config
+from agentgym_rl.actors.curriculum import CurriculumActor
+from agentgym_rl.actors.sampler import EpisodeRequest, SamplerActor
+from agentgym_rl.configs import Config
 
 log = structlog.get_logger()
 
@@ -112,7 +111,7 @@ class SamplerPool:
     # ----------------------------------------------------------------------------- starting and growing
 
     def start(self, env_actors: list[int]) -> None:
-        """Start one sampler per entry of ``env_actors`` (``actors.placement.plan_actors``' plan for this
+        """Start one sampler per entry of ``env_actors`` (``actors.cluster.plan_actors``' plan for this
         pool), each with that many env actors; those not up within ``sampler.start_timeout_s`` are given
         up. A plan below ``sampler.count`` is said in a warning: the pool grows when room appears.
 

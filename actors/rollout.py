@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from actors.chat import ChatFormat
-from actors.engines.base import Generation
-from actors.trajectory import Trajectory
-from envs.base import Observation, StepResult
+from agentgym_rl.actors.chat import ChatFormat
+from agentgym_rl.actors.engines.base import Generation
+from agentgym_rl.actors.trajectory import Trajectory
+from agentgym_rl.envs.base import Observation, StepResult
 
 # (prompt ids) -> (generation, weights version that produced it)
 GenerateFn = Callable[[list[int]], Awaitable[tuple[Generation, int]]]

@@ -8,8 +8,8 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-from actors.trajectory import Trajectory
-from configs import Config, dump_config
+from agentgym_rl.actors.trajectory import Trajectory
+from agentgym_rl.configs import Config, dump_config
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"

@@ -21,16 +21,15 @@ from dataclasses import dataclass
 import ray
 import structlog
 import torch
-
-from actors.chat import ChatFormat
-from actors.engines import Generation, make_engine
-from actors.models import load_tokenizer
-from actors.placement import env_request, has_room, start_env_actor
-from actors.rollout import run_episode
-from actors.trajectory import Trajectory
-from actors.weights import WeightsPayload
-from configs.schema import EnvConfig, ModelConfig, SamplerConfig
-from envs.actor import EnvRestarted
+from agentgym_rl.actors.chat import ChatFormat
+from agentgym_rl.actors.cluster import env_request, has_room, start_env_actor
+from agentgym_rl.actors.engines import Generation, make_engine
+from agentgym_rl.actors.models import load_tokenizer
+from agentgym_rl.actors.rollout import run_episode
+from agentgym_rl.actors.trajectory import Trajectory
+from agentgym_rl.actors.weights import WeightsPayload
+from agentgym_rl.configs.schema import EnvConfig, ModelConfig, SamplerConfig
+from agentgym_rl.envs.actor import EnvRestarted
 
 log = structlog.get_logger()
 

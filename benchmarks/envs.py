@@ -31,11 +31,10 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
 import httpx
 import ray
-
-import envs
-from envs.actor import create_env_actor
-from envs.base import EnvError, TextEnv
-from envs.http import AgentGymClient
+from agentgym_rl import envs
+from agentgym_rl.envs.actor import create_env_actor
+from agentgym_rl.envs.base import EnvError, TextEnv
+from agentgym_rl.envs.http import AgentGymClient
 
 # Each SciWorld instance is a JVM: more than 8 at once would only measure this machine's memory,
 # and --quick cannot afford to start 8 of them three times.
@@ -146,7 +145,7 @@ def free_port() -> int:
 def through_http(name: str, scripts: dict[int, list[str]], counts: list[int], seconds: float) -> dict[int, float]:
     """One env server subprocess for the env; N clients, each stepping from its own thread."""
     port, most = free_port(), max(counts)
-    cmd = [sys.executable, "-m", "envs.http", name, "--port", str(port), "--max-envs", str(most)]
+    cmd = [sys.executable, "-m", "agentgym_rl.envs.http", name, "--port", str(port), "--max-envs", str(most)]
     server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:

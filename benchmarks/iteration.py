@@ -38,8 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 _HERE = str(Path(__file__).resolve().parent)
 sys.path[:] = [str(REPO)] + [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
-from actors.models import resolve_dtype
-from learner.precision import resolve_precision
+from agentgym_rl.actors.models import resolve_dtype
+from agentgym_rl.learner.precision import resolve_precision
 
 PREVIOUS = [
     "sampler.dtype=float32",
@@ -69,7 +69,7 @@ def train(name: str, extra: list[str], *, model: str, horizon: int, iterations: 
         *extra,
     ]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    command = [sys.executable, "-m", "actors.cli", "train", "configs/quickstart.yaml"]
+    command = [sys.executable, "-m", "agentgym_rl.driver.cli", "train", "configs/quickstart.yaml"]
     command += [a for s in sets for a in ("--set", s)]
     done = subprocess.run(command, cwd=REPO, env=env, check=False, capture_output=True, text=True)
     if done.returncode != 0:

@@ -45,10 +45,10 @@ REPO = Path(__file__).resolve().parents[1]
 _HERE = str(Path(__file__).resolve().parent)
 sys.path[:] = [str(REPO)] + [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
-from actors.trajectory import Trajectory
-from configs import Config
-from learner.actor import LearnerActor
-from learner.precision import resolve_precision
+from agentgym_rl.actors.trajectory import Trajectory
+from agentgym_rl.configs import Config
+from agentgym_rl.learner.actor import LearnerActor
+from agentgym_rl.learner.precision import resolve_precision
 
 GROUP_SIZE = 4
 # Settings every row shares (the quickstart's).

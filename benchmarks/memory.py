@@ -84,7 +84,7 @@ def main() -> None:
             f"run.dir={root}",
             "run.name=memory",
         ]
-        command = [sys.executable, "-m", "actors.cli", "train", "configs/quickstart.yaml"]
+        command = [sys.executable, "-m", "agentgym_rl.driver.cli", "train", "configs/quickstart.yaml"]
         command += [a for s in sets for a in ("--set", s)]
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
         started = time.perf_counter()

@@ -47,16 +47,16 @@ sys.path[:] = [str(REPO)] + [p for p in sys.path if os.path.abspath(p or os.curd
 
 import ray
 import torch
-
-from actors.engines import make_engine
-from actors.models import load_model, load_tokenizer, resolve_dtype
-from actors.sampler import EpisodeRequest, SamplerActor
-from actors.trainer import episode_seed, init_ray
-from actors.trajectory import Trajectory
-from actors.weights import pack_state_dict
-from configs import Config, load_config
-from envs import make
-from envs.actor import create_env_actor
+from agentgym_rl.actors.cluster import init_ray
+from agentgym_rl.actors.engines import make_engine
+from agentgym_rl.actors.models import load_model, load_tokenizer, resolve_dtype
+from agentgym_rl.actors.sampler import EpisodeRequest, SamplerActor
+from agentgym_rl.actors.trajectory import Trajectory
+from agentgym_rl.actors.weights import pack_state_dict
+from agentgym_rl.configs import Config, load_config
+from agentgym_rl.driver.tasks import episode_seed
+from agentgym_rl.envs import make
+from agentgym_rl.envs.actor import create_env_actor
 
 LEVELS = "env.options.levels=[GoToObjS6]"
 
@@ -199,7 +199,7 @@ def train_run(mode: str, model: str, iterations: int, root: Path) -> list[dict]:
         f"run.name={mode}",
     ]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    command = [sys.executable, "-m", "actors.cli", "train", *[a for s in sets for a in ("--set", s)]]
+    command = [sys.executable, "-m", "agentgym_rl.driver.cli", "train", *[a for s in sets for a in ("--set", s)]]
     subprocess.run(command, cwd=REPO, env=env, check=True, capture_output=True, text=True)
     return [json.loads(line) for line in (root / mode / "metrics.jsonl").read_text().splitlines()]
 

@@ -28,14 +28,13 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
 import httpx
-
-from actors.chat import ChatFormat
-from actors.engines import make_engine
-from actors.models import load_tokenizer
-from actors.trainer import init_ray
-from configs import Config
-from configs.schema import SamplingConfig, ServeConfig
-from serve.app import ServeArgs, start_server, stop_server
+from agentgym_rl.actors.chat import ChatFormat
+from agentgym_rl.actors.cluster import init_ray
+from agentgym_rl.actors.engines import make_engine
+from agentgym_rl.actors.models import load_tokenizer
+from agentgym_rl.configs import Config
+from agentgym_rl.configs.schema import SamplingConfig, ServeConfig
+from agentgym_rl.serve.app import ServeArgs, start_server, stop_server
 
 MODEL = "tiny-random"
 DTYPE = "auto"  # the server's default; the bare engine computes in the same dtype

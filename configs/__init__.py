@@ -1,6 +1,6 @@
 """Configuration: the pydantic schema, the YAML presets beside this file, and the loader."""
 
-from configs.loader import ConfigError, dump_config, load_config
-from configs.schema import Config
+from agentgym_rl.configs.loader import ConfigError, dump_config, load_config
+from agentgym_rl.configs.schema import Config
 
 __all__ = ["Config", "ConfigError", "dump_config", "load_config"]

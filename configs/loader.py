@@ -8,9 +8,8 @@ from typing import Any
 
 import structlog
 import yaml
+from agentgym_rl.configs.schema import AlgorithmConfig, Config
 from pydantic import ValidationError
-
-from configs.schema import AlgorithmConfig, Config
 
 log = structlog.get_logger()
 

@@ -6,9 +6,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import ray
-
-from envs.base import EnvError, Observation, StepResult, state_digest
-from envs.registry import make
+from agentgym_rl.envs.base import EnvError, Observation, StepResult, state_digest
+from agentgym_rl.envs.registry import make
 
 
 class EnvRestarted(EnvError):

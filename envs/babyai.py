@@ -59,12 +59,11 @@ from typing import Any
 import gymnasium
 import minigrid  # noqa: F401  (importing registers the BabyAI levels with gymnasium)
 import numpy as np
+from agentgym_rl.envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv, action_after_marker
 from minigrid.core.actions import Actions
 from minigrid.core.constants import DIR_TO_VEC
 from minigrid.utils.baby_ai_bot import BabyAIBot
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-from envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv, action_after_marker
 
 LEVELS: tuple[str, ...] = (
     "GoToRedBallGrey",

@@ -3,7 +3,7 @@
 Importing this module registers ``agentgym/<name>-v0`` for each name in ``envs.names()``::
 
     import gymnasium
-    import envs.gym  # noqa: F401
+    import agentgym_rl.envs.gym  # noqa: F401
 
     env = gymnasium.make("agentgym/babyai-v0", levels=["GoToRedBall"])
     obs, info = env.reset(options={"task_id": 1})
@@ -23,10 +23,9 @@ import string
 from typing import Any, ClassVar
 
 import gymnasium
+from agentgym_rl.envs.base import TextEnv
+from agentgym_rl.envs.registry import env_class, make, names
 from gymnasium.spaces import Text
-
-from envs.base import TextEnv
-from envs.registry import env_class, make, names
 
 # Text spaces check their charset: printable ASCII plus newline/tab covers the envs' texts.
 CHARSET = frozenset(string.printable)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from envs.base import EnvError, TextEnv
+from agentgym_rl.envs.base import EnvError, TextEnv
 
 _REGISTRY: dict[str, str] = {}
 
@@ -37,11 +37,11 @@ def make(name: str, options: dict[str, Any] | None = None) -> TextEnv:
     return cls(**(options or {}))
 
 
-register("babyai", "envs.babyai:BabyAIEnv")
-register("agentgym-remote", "envs.http.client:AgentGymClient")
-register("textcraft", "envs.textcraft:TextCraftEnv")
-register("sciworld", "envs.sciworld:SciWorldEnv")
-register("search", "envs.search.env:SearchEnv")
-register("web", "envs.web.env:WebEnv")
-register("webarena-remote", "envs.web.remote:WebArenaClient")
-register("target-word", "envs.target_word:TargetWordEnv")
+register("babyai", "agentgym_rl.envs.babyai:BabyAIEnv")
+register("agentgym-remote", "agentgym_rl.envs.http.client:AgentGymClient")
+register("textcraft", "agentgym_rl.envs.textcraft:TextCraftEnv")
+register("sciworld", "agentgym_rl.envs.sciworld:SciWorldEnv")
+register("search", "agentgym_rl.envs.search.env:SearchEnv")
+register("web", "agentgym_rl.envs.web.env:WebEnv")
+register("webarena-remote", "agentgym_rl.envs.web.remote:WebArenaClient")
+register("target-word", "agentgym_rl.envs.target_word:TargetWordEnv")

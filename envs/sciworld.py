@@ -42,11 +42,10 @@ import shutil
 from collections.abc import Sequence
 from typing import Any
 
+from agentgym_rl.envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv, action_after_marker
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from scienceworld import ScienceWorldEnv
 from scienceworld.constants import TASKS
-
-from envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv, action_after_marker
 
 SIMPLIFICATIONS = (
     "teleportAction",

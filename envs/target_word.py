@@ -25,9 +25,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from agentgym_rl.envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv, action_after_marker
 from pydantic import BaseModel, ConfigDict, Field
-
-from envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv, action_after_marker
 
 WORDS: tuple[str, ...] = (
     "apple", "river", "stone", "cloud", "tiger", "candle", "mirror", "garden",

@@ -53,9 +53,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from agentgym_rl.envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv, action_after_marker
 from pydantic import BaseModel, ConfigDict, Field
-
-from envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv, action_after_marker
 
 _PREFIX = "minecraft:"
 _MAX_ACTION_CHARS = 1000

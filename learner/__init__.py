@@ -1,6 +1,6 @@
 """The learner: algorithms (plug-in API), advantage estimators, losses, batching and the learner actor."""
 
-from learner.algorithms import (
+from agentgym_rl.learner.algorithms import (
     CISPO,
     GRPO,
     GSPO,

@@ -10,13 +10,12 @@ from pathlib import Path
 import ray
 import structlog
 import torch
-
-from actors.models import load_model, load_tokenizer, resolve_dtype
-from actors.trajectory import Trajectory
-from actors.weights import WeightsPayload, pack_state_dict
-from configs.schema import AlgorithmConfig, LearnerConfig, ModelConfig
-from learner.algorithms import build_algorithm
-from learner.algorithms.base import (
+from agentgym_rl.actors.models import load_model, load_tokenizer, resolve_dtype
+from agentgym_rl.actors.trajectory import Trajectory
+from agentgym_rl.actors.weights import WeightsPayload, pack_state_dict
+from agentgym_rl.configs.schema import AlgorithmConfig, LearnerConfig, ModelConfig
+from agentgym_rl.learner.algorithms import build_algorithm
+from agentgym_rl.learner.algorithms.base import (
     ADVANTAGES,
     LOGPROBS,
     LOSS_MASK,
@@ -25,14 +24,14 @@ from learner.algorithms.base import (
     REF_LOGPROBS,
     VALUES,
 )
-from learner.backends import DeepSpeedBackend, TorchBackend
-from learner.batching import collate, pack, plan_rows, select_rows, unpack_targets
-from learner.forward import ValueModel, masked_token_outputs
-from learner.heap import return_large_frees_to_the_os
-from learner.lora import adapter_state_dict, apply_lora, is_lora, load_adapter_state_dict, merged_state_dict
-from learner.losses import masked_mean
-from learner.precision import BFloat16Compute, resolve_precision
-from learner.schedule import lr_multiplier
+from agentgym_rl.learner.backends import DeepSpeedBackend, TorchBackend
+from agentgym_rl.learner.batching import collate, pack, plan_rows, select_rows, unpack_targets
+from agentgym_rl.learner.forward import ValueModel, masked_token_outputs
+from agentgym_rl.learner.heap import return_large_frees_to_the_os
+from agentgym_rl.learner.lora import adapter_state_dict, apply_lora, is_lora, load_adapter_state_dict, merged_state_dict
+from agentgym_rl.learner.losses import masked_mean
+from agentgym_rl.learner.precision import BFloat16Compute, resolve_precision
+from agentgym_rl.learner.schedule import lr_multiplier
 
 log = structlog.get_logger()
 

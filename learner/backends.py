@@ -12,8 +12,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-
-from learner.precision import BFloat16Compute
+from agentgym_rl.learner.precision import BFloat16Compute
 
 
 class TorchBackend:

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-from actors.trajectory import Trajectory
+from agentgym_rl.actors.trajectory import Trajectory
 
 TOKEN_COLUMNS = ("input_ids", "attention_mask")
 

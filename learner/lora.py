@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import torch
-
-from configs.schema import LoraConfig
+from agentgym_rl.configs.schema import LoraConfig
 
 
 def apply_lora(model: torch.nn.Module, config: LoraConfig) -> torch.nn.Module:

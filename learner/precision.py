@@ -14,8 +14,7 @@ import copy
 from typing import Literal
 
 import torch
-
-from actors.models import AUTO, bfloat16_is_fast
+from agentgym_rl.actors.models import AUTO, bfloat16_is_fast
 
 Precision = Literal["float32", "bf16-mixed"]
 

@@ -10,16 +10,15 @@ from typing import Literal
 
 import ray
 import structlog
+from agentgym_rl.actors.models import model_dir
+from agentgym_rl.actors.rundir import POLICY_DIR
+from agentgym_rl.configs import Config
+from agentgym_rl.configs.schema import ServeConfig
+from agentgym_rl.serve.deployment import STORE_NAMESPACE, PolicyModel, max_ongoing_requests, store_name
+from agentgym_rl.serve.routes import PolicyAPI, build_api
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ray import serve
 from ray.serve.handle import DeploymentHandle
-
-from actors.models import model_dir
-from actors.rundir import POLICY_DIR
-from configs import Config
-from configs.schema import ServeConfig
-from serve.deployment import STORE_NAMESPACE, PolicyModel, max_ongoing_requests, store_name
-from serve.routes import PolicyAPI, build_api
 
 API_KEY_ENV = "AGENTGYM_RL_API_KEY"
 APP_NAME = "agentgym-rl"

@@ -13,13 +13,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import ray
+from agentgym_rl.actors.cluster import init_ray, ray_address
+from agentgym_rl.configs import Config
+from agentgym_rl.configs.loader import ConfigError, apply_override, format_validation_error
+from agentgym_rl.configs.schema import ServeConfig
+from agentgym_rl.serve.app import ServeArgs, ServeError, start_server, stop_server
 from pydantic import ValidationError
-
-from actors.trainer import init_ray, ray_address
-from configs import Config
-from configs.loader import ConfigError, apply_override, format_validation_error
-from configs.schema import ServeConfig
-from serve.app import ServeArgs, ServeError, start_server, stop_server
 
 # Ray's shutdown takes seconds; once, on a loaded 2-core machine, it did not return at all after Ctrl-C.
 SHUTDOWN_GRACE_S = 60.0

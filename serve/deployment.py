@@ -20,11 +20,10 @@ from typing import Literal
 import ray
 import structlog
 import torch
+from agentgym_rl.actors.engines import ChoiceDelta, CompletionRequest, make_serving_engine
+from agentgym_rl.actors.models import load_tokenizer
+from agentgym_rl.actors.weights import WeightsPayload
 from ray import serve
-
-from actors.engines import ChoiceDelta, CompletionRequest, make_serving_engine
-from actors.models import load_tokenizer
-from actors.weights import WeightsPayload
 
 log = structlog.get_logger()
 

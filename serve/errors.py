@@ -21,14 +21,13 @@ from __future__ import annotations
 import json
 
 import structlog
+from agentgym_rl.actors.engines import QueueFullError
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from ray.serve.exceptions import BackPressureError
 from starlette.exceptions import HTTPException
-
-from actors.engines import QueueFullError
 
 log = structlog.get_logger()
 

@@ -13,20 +13,14 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
-from fastapi import Depends, FastAPI, Request
-from fastapi.responses import StreamingResponse
-from pydantic import BaseModel
-from ray.exceptions import RayTaskError
-from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
-
-from actors.chat import ChatFormat
-from actors.engines import ChoiceDelta, CompletionRequest, SamplingParams
-from actors.models import load_tokenizer
-from configs.schema import ServeConfig
-from envs import EnvError, InvalidAction, TextEnv, make
-from serve.deployment import GenerateResult, StreamStart
-from serve.errors import APIError, install_error_handlers, sse_error
-from serve.models import (
+from agentgym_rl.actors.chat import ChatFormat
+from agentgym_rl.actors.engines import ChoiceDelta, CompletionRequest, SamplingParams
+from agentgym_rl.actors.models import load_tokenizer
+from agentgym_rl.configs.schema import ServeConfig
+from agentgym_rl.envs import EnvError, InvalidAction, TextEnv, make
+from agentgym_rl.serve.deployment import GenerateResult, StreamStart
+from agentgym_rl.serve.errors import APIError, install_error_handlers, sse_error
+from agentgym_rl.serve.models import (
     ActRequest,
     ActResponse,
     AssistantMessage,
@@ -45,7 +39,12 @@ from serve.models import (
     TopLogprob,
     Usage,
 )
-from serve.text import ReplyText, TokenTexts
+from agentgym_rl.serve.text import ReplyText, TokenTexts
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
+from ray.exceptions import RayTaskError
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 Body = TypeVar("Body", bound=BaseModel)
 

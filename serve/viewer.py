@@ -27,6 +27,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
+from agentgym_rl.actors.models import ModelError, load_tokenizer
+from agentgym_rl.actors.rundir import CONFIG_FILE, METRICS_FILE
+from agentgym_rl.actors.trajectory import Trajectory
+from agentgym_rl.configs import ConfigError, load_config
+from agentgym_rl.envs import EnvError, InvalidAction, TextEnv, make
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
@@ -34,12 +39,6 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from transformers import PreTrainedTokenizerBase
-
-from actors.models import ModelError, load_tokenizer
-from actors.rundir import CONFIG_FILE, METRICS_FILE
-from actors.trajectory import Trajectory
-from configs import ConfigError, load_config
-from envs import EnvError, InvalidAction, TextEnv, make
 
 STATIC = Path(__file__).parent / "static"
 # Episodes whose BabyAI frames are kept in memory (each is a list of small PNGs).
@@ -290,7 +289,7 @@ class RunReader:
         return frames[step]
 
     def _replay(self, t: Trajectory) -> list[bytes]:
-        from envs.babyai import BabyAIEnv
+        from agentgym_rl.envs.babyai import BabyAIEnv
 
         # A replay env of its own, without the oracle's planning; same levels and step cap as the run.
         options = dict(self.config.env.options) if self.config.env.name == "babyai" else {}

@@ -8,8 +8,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.pop("RAY_ADDRESS", None)
 
 import pytest
-
-from actors.models import load_tokenizer
+from agentgym_rl.actors.models import load_tokenizer
 
 
 @pytest.fixture(scope="session")
@@ -22,9 +21,8 @@ def tokenizer():
 def ray_local():
     """A local Ray instance on 127.0.0.1 with this machine's two CPUs, shared by the session."""
     import ray
-
-    from actors.trainer import init_ray
-    from configs import Config
+    from agentgym_rl.actors.cluster import init_ray
+    from agentgym_rl.configs import Config
 
     init_ray(Config.model_validate({"ray": {"num_cpus": 2}}))
     yield ray

@@ -3,10 +3,16 @@ batching, token streaming) for the HTTP endpoint."""
 
 from __future__ import annotations
 
-from actors.engines.base import Engine, EngineUnavailableError, Generation
-from actors.engines.sampling import SamplingParams
-from actors.engines.serving import ChoiceDelta, CompletionRequest, CompletionStream, QueueFullError, ServingEngine
-from actors.models import resolve_dtype
+from agentgym_rl.actors.engines.base import Engine, EngineUnavailableError, Generation
+from agentgym_rl.actors.engines.sampling import SamplingParams
+from agentgym_rl.actors.engines.serving import (
+    ChoiceDelta,
+    CompletionRequest,
+    CompletionStream,
+    QueueFullError,
+    ServingEngine,
+)
+from agentgym_rl.actors.models import resolve_dtype
 
 ENGINES = ("transformers", "vllm")
 
@@ -39,7 +45,7 @@ def make_engine(
     """
     dtype = resolve_dtype(dtype)
     if name == "transformers":
-        from actors.engines.transformers_engine import TransformersEngine
+        from agentgym_rl.actors.engines.transformers_engine import TransformersEngine
 
         return TransformersEngine(
             model_name=model_name,
@@ -50,7 +56,7 @@ def make_engine(
             max_cached_tokens=max_cached_tokens,
         )
     if name == "vllm":
-        from actors.engines.vllm_engine import VLLMEngine
+        from agentgym_rl.actors.engines.vllm_engine import VLLMEngine
 
         return VLLMEngine(model_name=model_name, dtype=dtype, seed=seed, stop_token_ids=stop_token_ids)
     raise ValueError(f"unknown engine {name!r}; available engines: {', '.join(ENGINES)}")
@@ -84,7 +90,7 @@ def make_serving_engine(
         EngineUnavailableError: the engine cannot run here (vLLM without the package or a CUDA GPU).
     """
     if name == "transformers":
-        from actors.engines.continuous import ContinuousBatcher
+        from agentgym_rl.actors.engines.continuous import ContinuousBatcher
 
         engine = make_engine(
             name,
@@ -96,7 +102,7 @@ def make_serving_engine(
         )
         return ContinuousBatcher(engine, max_rows=max_rows, max_kv_tokens=max_kv_tokens, max_requests=max_requests)
     if name == "vllm":
-        from actors.engines.vllm_engine import VLLMEngine, VLLMServingEngine
+        from agentgym_rl.actors.engines.vllm_engine import VLLMEngine, VLLMServingEngine
 
         engine = VLLMEngine(
             model_name=model_name,

@@ -8,9 +8,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-
-from actors.weights import WeightsPayload
-from configs.schema import SamplingConfig
+from agentgym_rl.actors.weights import WeightsPayload
+from agentgym_rl.configs.schema import SamplingConfig
 
 
 @dataclass(frozen=True)

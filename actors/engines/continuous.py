@@ -23,17 +23,16 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import structlog
-
-from actors.engines.decode import Row, StepToken
-from actors.engines.serving import (
+from agentgym_rl.actors.engines.decode import Row, StepToken
+from agentgym_rl.actors.engines.serving import (
     ChoiceDelta,
     CompletionRequest,
     ServingEngine,
     choice_seed,
     seeded_generator,
 )
-from actors.engines.transformers_engine import TransformersEngine
-from actors.weights import WeightsPayload
+from agentgym_rl.actors.engines.transformers_engine import TransformersEngine
+from agentgym_rl.actors.weights import WeightsPayload
 
 log = structlog.get_logger()
 

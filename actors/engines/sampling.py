@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from agentgym_rl.configs.schema import SamplingConfig
 from transformers import PreTrainedTokenizerBase
-
-from configs.schema import SamplingConfig
 
 # OpenAI's bound on `top_logprobs`; a row asks for at most this many alternatives per token.
 MAX_TOP_LOGPROBS = 20

@@ -25,9 +25,8 @@ from typing import Literal
 
 import numpy as np
 import torch
-
-from actors.engines.sampling import SamplingParams
-from actors.weights import WeightsPayload
+from agentgym_rl.actors.engines.sampling import SamplingParams
+from agentgym_rl.actors.weights import WeightsPayload
 
 
 @dataclass(frozen=True)

@@ -14,16 +14,15 @@ import functools
 from collections.abc import Hashable
 
 import torch
+from agentgym_rl.actors.engines.base import Engine, Generation
+from agentgym_rl.actors.engines.decode import DecodeBatch, Row
+from agentgym_rl.actors.engines.kv_cache import CachedPrefix, EpisodeKVCache
+from agentgym_rl.actors.engines.sampling import SamplingParams, StopStrings
+from agentgym_rl.actors.models import load_model, load_tokenizer
+from agentgym_rl.actors.weights import WeightsPayload, unpack_state_dict
+from agentgym_rl.configs.schema import SamplingConfig
 from transformers import DynamicCache, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
-
-from actors.engines.base import Engine, Generation
-from actors.engines.decode import DecodeBatch, Row
-from actors.engines.kv_cache import CachedPrefix, EpisodeKVCache
-from actors.engines.sampling import SamplingParams, StopStrings
-from actors.models import load_model, load_tokenizer
-from actors.weights import WeightsPayload, unpack_state_dict
-from configs.schema import SamplingConfig
 
 
 class TransformersEngine(Engine):

@@ -33,15 +33,14 @@ from collections.abc import AsyncIterator, Coroutine, Hashable
 from typing import Any
 
 import torch
+from agentgym_rl.actors.engines.base import Engine, EngineUnavailableError, Generation
+from agentgym_rl.actors.engines.sampling import SamplingParams
+from agentgym_rl.actors.engines.serving import ChoiceDelta, CompletionRequest, ServingEngine, choice_seed
+from agentgym_rl.actors.models import model_dir
+from agentgym_rl.actors.weights import WeightsPayload, unpack_state_dict
+from agentgym_rl.configs.schema import SamplingConfig
 
-from actors.engines.base import Engine, EngineUnavailableError, Generation
-from actors.engines.sampling import SamplingParams
-from actors.engines.serving import ChoiceDelta, CompletionRequest, ServingEngine, choice_seed
-from actors.models import model_dir
-from actors.weights import WeightsPayload, unpack_state_dict
-from configs.schema import SamplingConfig
-
-WORKER_EXTENSION = "actors.engines.vllm_worker.WeightLoader"
+WORKER_EXTENSION = "agentgym_rl.actors.engines.vllm_worker.WeightLoader"
 # collective_rpc messages are serialised; weights travel in chunks of about this many bytes.
 WEIGHT_CHUNK_BYTES = 256 * 1024 * 1024
 SEED_BOUND = 2**31 - 1

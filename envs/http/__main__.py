@@ -1,4 +1,4 @@
-"""``python -m envs.http ENV [--host H] [--port P] [--max-envs N] [--options JSON] [--protocol P] [--token T]``.
+"""``python -m agentgym_rl.envs.http ENV [--host H] [--port P] [--max-envs N] [--options JSON] [--protocol P] [--token T]``.
 
 The same server as ``agentgym-rl env-server``, started without importing the training stack
 (torch, transformers), so it is up in well under a second.
@@ -7,8 +7,8 @@ The same server as ``agentgym-rl env-server``, started without importing the tra
 import argparse
 import sys
 
-from envs.http.cli import add_server_arguments, run_server
+from agentgym_rl.envs.http.cli import add_server_arguments, run_server
 
-parser = argparse.ArgumentParser(prog="python -m envs.http", description="AgentGym-compatible env server.")
+parser = argparse.ArgumentParser(prog="python -m agentgym_rl.envs.http", description="AgentGym-compatible env server.")
 add_server_arguments(parser)
 sys.exit(run_server(parser.parse_args()))

@@ -1,4 +1,4 @@
-"""Command-line flags and entry of the env server (``agentgym-rl env-server`` and ``python -m envs.http``)."""
+"""Command-line flags and entry of the env server (``agentgym-rl env-server`` and ``python -m agentgym_rl.envs.http``)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ import os
 import sys
 
 import pydantic
-
-from envs.base import EnvError
-from envs.http.models import PROTOCOLS
-from envs.http.server import serve
+from agentgym_rl.envs.base import EnvError
+from agentgym_rl.envs.http.models import PROTOCOLS
+from agentgym_rl.envs.http.server import serve
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:

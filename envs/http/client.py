@@ -31,11 +31,10 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import httpx
+from agentgym_rl.envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv
+from agentgym_rl.envs.http.models import PROTOCOLS, SCIWORLD_SCALE, Protocol, default_protocol
+from agentgym_rl.envs.registry import make
 from pydantic import BaseModel, ConfigDict, Field
-
-from envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv
-from envs.http.models import PROTOCOLS, SCIWORLD_SCALE, Protocol, default_protocol
-from envs.registry import make
 
 _ACTION = re.compile(r"action\s*:", re.IGNORECASE)
 GENERIC_INSTRUCTION = (

@@ -11,10 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
-from fastapi import APIRouter, Body, Query
-
-from envs.base import TextEnv
-from envs.http.models import (
+from agentgym_rl.envs.base import TextEnv
+from agentgym_rl.envs.http.models import (
     SCIWORLD_SCALE,
     CloseRequest,
     EnvIdxCloseRequest,
@@ -27,10 +25,11 @@ from envs.http.models import (
     TextCraftResetRequest,
     WebArenaResetRequest,
 )
-from envs.http.service import EnvService, ServerError
+from agentgym_rl.envs.http.service import EnvService, ServerError
+from fastapi import APIRouter, Body, Query
 
 if TYPE_CHECKING:
-    from envs.textcraft import TextCraftEnv
+    from agentgym_rl.envs.textcraft import TextCraftEnv
 
 
 def agentgym_routes(service: EnvService) -> APIRouter:
@@ -253,7 +252,7 @@ def _close_route(router: APIRouter, service: EnvService) -> None:
 
 def _textcraft(env: TextEnv) -> TextCraftEnv:
     """``env`` as a TextCraft env (for its own goal, commands); 400 for any other env."""
-    from envs.textcraft import TextCraftEnv  # only a textcraft server needs the recipe book
+    from agentgym_rl.envs.textcraft import TextCraftEnv  # only a textcraft server needs the recipe book
 
     if not isinstance(env, TextCraftEnv):
         raise ServerError(

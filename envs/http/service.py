@@ -12,12 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import structlog
+from agentgym_rl.envs.base import EnvError, InvalidAction, Observation, TextEnv
+from agentgym_rl.envs.http.models import ServerOptions
+from agentgym_rl.envs.registry import make
 from fastapi.encoders import jsonable_encoder
 from starlette.concurrency import run_in_threadpool
-
-from envs.base import EnvError, InvalidAction, Observation, TextEnv
-from envs.http.models import ServerOptions
-from envs.registry import make
 
 log = structlog.get_logger()
 T = TypeVar("T")

@@ -1,8 +1,8 @@
 """Deep Search: question answering over a local BM25-indexed corpus (synthetic by default)."""
 
-from envs.search.corpus import BM25Retriever, Hop, Passage, Question, load_corpus, load_questions
-from envs.search.env import SearchEnv, exact_match, f1_score, normalize_answer
-from envs.search.generate import ensure_generated, generate
+from agentgym_rl.envs.search.corpus import BM25Retriever, Hop, Passage, Question, load_corpus, load_questions
+from agentgym_rl.envs.search.env import SearchEnv, exact_match, f1_score, normalize_answer
+from agentgym_rl.envs.search.generate import ensure_generated, generate
 
 __all__ = [
     "BM25Retriever",

@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import bm25s
+from agentgym_rl.envs.base import EnvError
 from pydantic import BaseModel, ConfigDict, Field
-
-from envs.base import EnvError
 
 _TOKEN = re.compile(r"\w+")
 

@@ -39,11 +39,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from agentgym_rl.envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv
+from agentgym_rl.envs.search.corpus import BM25Retriever, Question, load_corpus, load_questions
+from agentgym_rl.envs.search.generate import GENERATOR_VERSION, ensure_generated
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv
-from envs.search.corpus import BM25Retriever, Question, load_corpus, load_questions
-from envs.search.generate import GENERATOR_VERSION, ensure_generated
 
 _TAG = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL | re.IGNORECASE)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")

@@ -29,7 +29,7 @@ import os
 import random
 from pathlib import Path
 
-from envs.search.corpus import Hop, Passage, Question
+from agentgym_rl.envs.search.corpus import Hop, Passage, Question
 
 # Part of the cache folder name: bump it whenever the generated data changes.
 GENERATOR_VERSION = 2

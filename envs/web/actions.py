@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from envs.base import InvalidAction
+from agentgym_rl.envs.base import InvalidAction
 
 ActionKind = Literal[
     "click", "type", "hover", "press", "scroll", "goto", "go_back", "go_forward", "new_tab", "tab_focus",

@@ -43,15 +43,14 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from agentgym_rl.envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv
+from agentgym_rl.envs.web.actions import ACTION_SYNTAX, WebAction, parse_reply
+from agentgym_rl.envs.web.browser import ActionFailed, Browser, PlaywrightError, PlaywrightTimeout, Snapshot
+from agentgym_rl.envs.web.forum import ForumSite
+from agentgym_rl.envs.web.server import SiteServer
+from agentgym_rl.envs.web.shop import ShopSite
+from agentgym_rl.envs.web.tasks import CONTENT, FORUM_HOME, SHOP_HOME, SPLITS, TASKS, Sites, Task
 from pydantic import BaseModel, ConfigDict, Field
-
-from envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv
-from envs.web.actions import ACTION_SYNTAX, WebAction, parse_reply
-from envs.web.browser import ActionFailed, Browser, PlaywrightError, PlaywrightTimeout, Snapshot
-from envs.web.forum import ForumSite
-from envs.web.server import SiteServer
-from envs.web.shop import ShopSite
-from envs.web.tasks import CONTENT, FORUM_HOME, SHOP_HOME, SPLITS, TASKS, Sites, Task
 
 T = TypeVar("T")
 

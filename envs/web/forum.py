@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from envs.web.content import FORUM_USER, FORUMS, USERS, Comment, Content, Post
-from envs.web.server import Request, Response, esc, not_found, page
+from agentgym_rl.envs.web.content import FORUM_USER, FORUMS, USERS, Comment, Content, Post
+from agentgym_rl.envs.web.server import Request, Response, esc, not_found, page
 
 TITLE = "Forum"
 

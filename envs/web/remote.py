@@ -27,11 +27,10 @@ from typing import Any
 
 import httpx
 import pydantic
+from agentgym_rl.envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv
+from agentgym_rl.envs.http.client import RemoteEnvError
+from agentgym_rl.envs.web.actions import ACTION_SYNTAX, parse_reply
 from pydantic import BaseModel, ConfigDict, Field
-
-from envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv
-from envs.http.client import RemoteEnvError
-from envs.web.actions import ACTION_SYNTAX, parse_reply
 
 WEBARENA_TASKS = 812  # WebArena's config_files/0.json .. 811.json
 WEBARENA_INSTRUCTION = (

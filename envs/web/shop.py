@@ -8,8 +8,8 @@ the seeded cart (empty) and order history.
 
 from __future__ import annotations
 
-from envs.web.content import SHOP_CUSTOMER, Content, Order, Product, category_slug, price_text
-from envs.web.server import Request, Response, esc, not_found, page
+from agentgym_rl.envs.web.content import SHOP_CUSTOMER, Content, Order, Product, category_slug, price_text
+from agentgym_rl.envs.web.server import Request, Response, esc, not_found, page
 
 TITLE = "One Stop Shop"
 

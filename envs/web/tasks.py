@@ -21,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from envs.web.content import FORUM_USER, FORUMS, Content, generate, price_text
-from envs.web.forum import ForumSite
-from envs.web.shop import ShopSite
+from agentgym_rl.envs.web.content import FORUM_USER, FORUMS, Content, generate, price_text
+from agentgym_rl.envs.web.forum import ForumSite
+from agentgym_rl.envs.web.shop import ShopSite
 
 CONTENT_SEED = 0
 SHOP_HOME = "http://shop.test/"

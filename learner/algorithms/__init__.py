@@ -1,6 +1,6 @@
 """Algorithms, registered by name; importing this package registers the shipped ones."""
 
-from learner.algorithms.base import (
+from agentgym_rl.learner.algorithms.base import (
     Algorithm,
     AlgorithmConfigError,
     AlgorithmParams,
@@ -9,22 +9,22 @@ from learner.algorithms.base import (
     register_algorithm,
     resolve_algorithm,
 )
-from learner.algorithms.cispo import CISPO
-from learner.algorithms.dpo import DPO, build_pairs
-from learner.algorithms.gigpo import GiGPO
-from learner.algorithms.grpo import GRPO
-from learner.algorithms.gspo import GSPO
-from learner.algorithms.policy_gradient import (
+from agentgym_rl.learner.algorithms.cispo import CISPO
+from agentgym_rl.learner.algorithms.dpo import DPO, build_pairs
+from agentgym_rl.learner.algorithms.gigpo import GiGPO
+from agentgym_rl.learner.algorithms.grpo import GRPO
+from agentgym_rl.learner.algorithms.gspo import GSPO
+from agentgym_rl.learner.algorithms.policy_gradient import (
     GroupRelative,
     GroupRelativeParams,
     PolicyGradient,
     PolicyGradientParams,
     TurnCreditParams,
 )
-from learner.algorithms.ppo import PPO
-from learner.algorithms.reinforce_pp import ReinforcePP
-from learner.algorithms.rloo import RLOO
-from learner.algorithms.sft import SFT
+from agentgym_rl.learner.algorithms.ppo import PPO
+from agentgym_rl.learner.algorithms.reinforce_pp import ReinforcePP
+from agentgym_rl.learner.algorithms.rloo import RLOO
+from agentgym_rl.learner.algorithms.sft import SFT
 
 __all__ = [
     "CISPO",

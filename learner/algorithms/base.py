@@ -15,7 +15,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 if TYPE_CHECKING:
-    from actors.trajectory import Trajectory
+    from agentgym_rl.actors.trajectory import Trajectory
 
 # Batch columns (see learner.batching.collate) and forward outputs the hooks receive. Every
 # per-token column is (B, T) and aligned with next-token targets.

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from typing import Literal
 
+from agentgym_rl.learner.algorithms.base import register_algorithm
+from agentgym_rl.learner.algorithms.grpo import GRPO, GRPOParams
 from pydantic import Field
-
-from learner.algorithms.base import register_algorithm
-from learner.algorithms.grpo import GRPO, GRPOParams
 
 
 class CISPOParams(GRPOParams):

@@ -13,12 +13,18 @@ from collections import defaultdict
 from typing import Literal
 
 import torch
+from agentgym_rl.actors.trajectory import Trajectory
+from agentgym_rl.learner.algorithms.base import (
+    LOGPROBS,
+    LOSS_MASK,
+    REF_LOGPROBS,
+    Algorithm,
+    AlgorithmParams,
+    register_algorithm,
+)
+from agentgym_rl.learner.losses import dpo_loss
 from pydantic import Field
 from typing_extensions import override
-
-from actors.trajectory import Trajectory
-from learner.algorithms.base import LOGPROBS, LOSS_MASK, REF_LOGPROBS, Algorithm, AlgorithmParams, register_algorithm
-from learner.losses import dpo_loss
 
 PAIR = "pair"
 CHOSEN = "chosen"

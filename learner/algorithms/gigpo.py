@@ -16,16 +16,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+from agentgym_rl.learner.advantages import gigpo_step_advantages, grpo_advantages, spread_turns, turn_states
+from agentgym_rl.learner.algorithms.base import GROUPS, LOSS_MASK, REWARDS, STATE_IDS, TURN_IDS, register_algorithm
+from agentgym_rl.learner.algorithms.policy_gradient import GroupRelative, GroupRelativeParams, turn_level_returns
+from agentgym_rl.learner.losses import masked_mean
 from pydantic import Field
 from typing_extensions import override
 
-from learner.advantages import gigpo_step_advantages, grpo_advantages, spread_turns, turn_states
-from learner.algorithms.base import GROUPS, LOSS_MASK, REWARDS, STATE_IDS, TURN_IDS, register_algorithm
-from learner.algorithms.policy_gradient import GroupRelative, GroupRelativeParams, turn_level_returns
-from learner.losses import masked_mean
-
 if TYPE_CHECKING:
-    from actors.trajectory import Trajectory
+    from agentgym_rl.actors.trajectory import Trajectory
 
 # (B, T) column GiGPO adds: 1 on the tokens of turns whose step group has another member.
 ANCHORED = "anchored"

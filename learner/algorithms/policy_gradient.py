@@ -12,11 +12,8 @@ import abc
 from typing import TYPE_CHECKING, Literal
 
 import torch
-from pydantic import BaseModel, Field, model_validator
-from typing_extensions import override
-
-from learner.advantages import discounted_turn_returns, turn_rewards, uniform_groups
-from learner.algorithms.base import (
+from agentgym_rl.learner.advantages import discounted_turn_returns, turn_rewards, uniform_groups
+from agentgym_rl.learner.algorithms.base import (
     ADVANTAGES,
     ENTROPY,
     LOGPROBS,
@@ -32,7 +29,7 @@ from learner.algorithms.base import (
     Algorithm,
     AlgorithmParams,
 )
-from learner.losses import (
+from agentgym_rl.learner.losses import (
     aggregate,
     cispo_policy_loss,
     clipped_policy_loss,
@@ -41,9 +38,11 @@ from learner.losses import (
     masked_mean,
     rollout_correction_weights,
 )
+from pydantic import BaseModel, Field, model_validator
+from typing_extensions import override
 
 if TYPE_CHECKING:
-    from actors.trajectory import Trajectory
+    from agentgym_rl.actors.trajectory import Trajectory
 
 
 class PolicyGradientParams(AlgorithmParams):

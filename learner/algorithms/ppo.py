@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import torch
+from agentgym_rl.learner.advantages import gae
+from agentgym_rl.learner.algorithms.base import (
+    LOSS_MASK,
+    OLD_VALUES,
+    RETURNS,
+    TOKEN_REWARDS,
+    VALUES,
+    register_algorithm,
+)
+from agentgym_rl.learner.algorithms.policy_gradient import PolicyGradient, PolicyGradientParams
+from agentgym_rl.learner.losses import aggregate, clipped_value_loss
 from pydantic import Field
 from typing_extensions import override
-
-from learner.advantages import gae
-from learner.algorithms.base import LOSS_MASK, OLD_VALUES, RETURNS, TOKEN_REWARDS, VALUES, register_algorithm
-from learner.algorithms.policy_gradient import PolicyGradient, PolicyGradientParams
-from learner.losses import aggregate, clipped_value_loss
 
 
 class PPOParams(PolicyGradientParams):

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import torch
+from agentgym_rl.learner.advantages import rloo_advantages, rloo_turn_advantages, spread_turns
+from agentgym_rl.learner.algorithms.base import GROUPS, LOSS_MASK, REWARDS, TURN_IDS, register_algorithm
+from agentgym_rl.learner.algorithms.policy_gradient import GroupRelative, GroupRelativeParams, TurnCreditParams
 from typing_extensions import override
-
-from learner.advantages import rloo_advantages, rloo_turn_advantages, spread_turns
-from learner.algorithms.base import GROUPS, LOSS_MASK, REWARDS, TURN_IDS, register_algorithm
-from learner.algorithms.policy_gradient import GroupRelative, GroupRelativeParams, TurnCreditParams
 
 
 class RLOOParams(GroupRelativeParams, TurnCreditParams):

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import torch
+from agentgym_rl.learner.algorithms.base import LOGPROBS, LOSS_MASK, Algorithm, register_algorithm
+from agentgym_rl.learner.losses import aggregate
 from typing_extensions import override
-
-from learner.algorithms.base import LOGPROBS, LOSS_MASK, Algorithm, register_algorithm
-from learner.losses import aggregate
 
 
 @register_algorithm

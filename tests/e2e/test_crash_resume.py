@@ -33,7 +33,7 @@ SETTINGS = [
 
 
 def command(*args: str) -> list[str]:
-    base = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "actors.cli"]
+    base = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "agentgym_rl.driver.cli"]
     return [*base, *args]
 
 

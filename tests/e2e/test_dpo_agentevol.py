@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from agentgym_rl.actors.rundir import RunDir
+from agentgym_rl.driver.cli import main
+from agentgym_rl.driver.data import load_trajectories
+from agentgym_rl.envs import make
 from transformers import AutoModelForCausalLM
 
-from actors.cli import main
-from actors.data import load_trajectories
-from actors.rundir import RunDir
-from envs import make
 from tests.e2e.test_train_cli import run_cli
 from tests.unit.actors.test_data import LEVELS, oracle_episodes, strip_token_ids
 

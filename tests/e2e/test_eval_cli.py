@@ -8,11 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from actors.models import model_dir
-from actors.rundir import RunDir
-from configs import Config
-from envs.babyai import LEVELS
+from agentgym_rl.actors.models import model_dir
+from agentgym_rl.actors.rundir import RunDir
+from agentgym_rl.configs import Config
+from agentgym_rl.envs.babyai import LEVELS
 
 CLI = Path(sys.executable).parent / "agentgym-rl"
 # short replies keep the run small; tiny-random never succeeds, the numbers are checked for shape
@@ -20,7 +19,7 @@ FAST = ["--set", "sampler.sampling.max_new_tokens=8", "--set", "sampler.envs_per
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    command = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "actors.cli"]
+    command = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "agentgym_rl.driver.cli"]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900, check=False)
 

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from actors.trainer import free_port
+from agentgym_rl.driver.learners import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = Path(sys.executable).parent / "agentgym-rl"
@@ -23,7 +22,7 @@ ITERATIONS = 3
 def start_cli(*args: str, cwd: Path, sigint_ignored: bool = False) -> subprocess.Popen:
     """The CLI as a child process with SIGINT's default action, or with SIGINT ignored (``sigint_ignored``) as a
     non-interactive shell starts a background job; either way whatever this process inherited is not passed on."""
-    command = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "actors.cli"]
+    command = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "agentgym_rl.driver.cli"]
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "AGENTGYM_RL_API_KEY")}
     return subprocess.Popen(
         [*command, *args],

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from agentgym_rl.envs import names
 from transformers import AutoModelForCausalLM
 
-from envs import names
 from tests.e2e.helpers import same_episodes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,7 +41,7 @@ TINY = [
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    command = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "actors.cli"]
+    command = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "agentgym_rl.driver.cli"]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600, check=False)
 

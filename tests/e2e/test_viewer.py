@@ -14,14 +14,13 @@ from pathlib import Path
 
 import pytest
 import uvicorn
-
-from actors.chat import ChatFormat
-from actors.cli import main
-from actors.rundir import RunDir
-from actors.trajectory import Trajectory
-from configs import Config
-from envs.babyai import BabyAIEnv
-from serve.viewer import RunReader, ViewerError, build_app
+from agentgym_rl.actors.chat import ChatFormat
+from agentgym_rl.actors.rundir import RunDir
+from agentgym_rl.actors.trajectory import Trajectory
+from agentgym_rl.configs import Config
+from agentgym_rl.driver.cli import main
+from agentgym_rl.envs.babyai import BabyAIEnv
+from agentgym_rl.serve.viewer import RunReader, ViewerError, build_app
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = Path(sys.executable).parent / "agentgym-rl"
@@ -40,7 +39,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def cli(*args: str) -> list[str]:
-    return [str(CLI), *args] if CLI.exists() else [sys.executable, "-m", "actors.cli", *args]
+    return [str(CLI), *args] if CLI.exists() else [sys.executable, "-m", "agentgym_rl.driver.cli", *args]
 
 
 def clean_env() -> dict[str, str]:

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from agentgym_rl.actors.models import model_dir
 from transformers import AutoModelForCausalLM
-
-from actors.models import model_dir
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = Path(sys.executable).parent / "agentgym-rl"
@@ -30,7 +29,7 @@ SETTINGS = [
 
 
 def train(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    command = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "actors.cli"]
+    command = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "agentgym_rl.driver.cli"]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     return subprocess.run(
         [*command, "train", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600, check=False

@@ -2,11 +2,10 @@
 
 import pytest
 import ray
-
-from actors.curriculum import CurriculumActor
-from actors.sampler import EpisodeRequest, SamplerActor
-from configs import load_config
-from learner.actor import LearnerActor
+from agentgym_rl.actors.curriculum import CurriculumActor
+from agentgym_rl.actors.sampler import EpisodeRequest, SamplerActor
+from agentgym_rl.configs import load_config
+from agentgym_rl.learner.actor import LearnerActor
 
 OVERRIDES = [
     "model.name=tiny-random",

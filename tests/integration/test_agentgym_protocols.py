@@ -18,12 +18,12 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from agentgym_rl.envs.babyai import BabyAIEnv
+from agentgym_rl.envs.base import EnvError
+from agentgym_rl.envs.http import AgentGymClient, build_app
+from agentgym_rl.envs.search.env import SearchEnv
+from agentgym_rl.envs.textcraft import TextCraftEnv
 
-from envs.babyai import BabyAIEnv
-from envs.base import EnvError
-from envs.http import AgentGymClient, build_app
-from envs.search.env import SearchEnv
-from envs.textcraft import TextCraftEnv
 from tests.integration.http_server import serve
 
 
@@ -153,7 +153,7 @@ def test_textcraft_create_plays_the_callers_commands_and_goal(textcraft):
 
 @pytest.mark.skipif(shutil.which("java") is None, reason="SciWorld needs a Java runtime")
 def test_sciworld_as_agentgyms_client_drives_it():
-    from envs.sciworld import SciWorldEnv
+    from agentgym_rl.envs.sciworld import SciWorldEnv
 
     local = SciWorldEnv()
     gold = local.oracle_actions(0)
@@ -211,8 +211,8 @@ def test_searchqa_as_agentgyms_client_drives_it():
     reason="no system Chromium: install the OS package (./install.sh does, as root)",
 )
 def test_webarena_as_agentgyms_client_drives_it():
-    from envs.web import WebEnv
-    from envs.web.tasks import TASKS
+    from agentgym_rl.envs.web import WebEnv
+    from agentgym_rl.envs.web.tasks import TASKS
 
     local = WebEnv()
     plan = local.oracle_episode(35)

@@ -24,10 +24,10 @@ import psutil
 import pytest
 import ray
 import ray.experimental.internal_kv
-
-from actors.rundir import RunDir
-from actors.trainer import Trainer, TrainError
-from configs import load_config
+from agentgym_rl.actors.rundir import RunDir
+from agentgym_rl.configs import load_config
+from agentgym_rl.driver.errors import TrainError
+from agentgym_rl.driver.trainer import Trainer
 
 CLI = Path(sys.executable).parent / "agentgym-rl"
 TINY = [

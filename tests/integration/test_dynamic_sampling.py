@@ -5,8 +5,8 @@ import json
 from pathlib import Path
 
 import pytest
-
-from actors.trainer import Trainer, prepare_run
+from agentgym_rl.driver.run import prepare_run
+from agentgym_rl.driver.trainer import Trainer
 
 TASKS, GROUP, EXTRA = 2, 4, 4
 SETTINGS = [

@@ -6,8 +6,7 @@ import time
 
 import pytest
 import ray
-
-from envs.actor import EnvRestarted, create_env_actor
+from agentgym_rl.envs.actor import EnvRestarted, create_env_actor
 
 
 def actor_pid(actor) -> int:

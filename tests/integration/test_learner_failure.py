@@ -2,11 +2,11 @@
 
 import pytest
 import ray
-
-from actors.rundir import RunDir
-from actors.sampler import EpisodeRequest
-from actors.trainer import Trainer, TrainError
-from configs import load_config
+from agentgym_rl.actors.rundir import RunDir
+from agentgym_rl.actors.sampler import EpisodeRequest
+from agentgym_rl.configs import load_config
+from agentgym_rl.driver.errors import TrainError
+from agentgym_rl.driver.trainer import Trainer
 
 
 def test_dead_learner_raises_a_train_error(ray_local, tmp_path):

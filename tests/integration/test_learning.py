@@ -10,8 +10,8 @@ import statistics
 from pathlib import Path
 
 import pytest
-
-from actors.trainer import Trainer, prepare_run
+from agentgym_rl.driver.run import prepare_run
+from agentgym_rl.driver.trainer import Trainer
 
 SETTINGS = [
     "model.name=smollm2-135m-instruct",

@@ -5,12 +5,13 @@ import json
 from pathlib import Path
 
 import pytest
-
-from actors.async_trainer import AsyncTrainer
-from actors.mix import schedule_seed
-from actors.trainer import TaskSchedule, Trainer, prepare_run
-from actors.warm_start import WARM_START_DIR, run_warm_start
-from envs import make
+from agentgym_rl.driver.mix import schedule_seed
+from agentgym_rl.driver.modes.asynchronous import AsyncTrainer
+from agentgym_rl.driver.run import prepare_run
+from agentgym_rl.driver.tasks import TaskSchedule
+from agentgym_rl.driver.trainer import Trainer
+from agentgym_rl.driver.warm_start import WARM_START_DIR, run_warm_start
+from agentgym_rl.envs import make
 
 BABYAI_OPTIONS = {"levels": ["GoToRedBall", "GoToRedBallNoDists"], "test_seeds": 5}
 MIX = (

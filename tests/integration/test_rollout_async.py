@@ -7,10 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from actors.async_trainer import drop_stale
-from actors.trajectory import Trajectory
-from configs import ConfigError, load_config
+from agentgym_rl.actors.trajectory import Trajectory
+from agentgym_rl.configs import ConfigError, load_config
+from agentgym_rl.driver.modes.asynchronous import drop_stale
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = Path(sys.executable).parent / "agentgym-rl"
@@ -80,7 +79,7 @@ def test_drop_stale_keeps_exactly_the_trajectories_within_the_bound():
 
 @pytest.mark.slow
 def test_async_training_end_to_end_never_trains_on_stale_data(tmp_path: Path):
-    command = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "actors.cli"]
+    command = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "agentgym_rl.driver.cli"]
     sets = [arg for item in [*ASYNC_TINY, f"run.dir={tmp_path}", "run.name=async"] for arg in ("--set", item)]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     result = subprocess.run(

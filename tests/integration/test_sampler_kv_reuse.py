@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import pytest
 import ray
-
-from actors.models import load_tokenizer
-from actors.sampler import EpisodeRequest, SamplerActor
-from configs import load_config
-from envs import make
+from agentgym_rl.actors.models import load_tokenizer
+from agentgym_rl.actors.sampler import EpisodeRequest, SamplerActor
+from agentgym_rl.configs import load_config
+from agentgym_rl.envs import make
 
 STOP = "e"  # frequent in the random model's text, so most turns end on it
 

@@ -12,18 +12,17 @@ import openai
 import pytest
 import ray
 import torch
+from agentgym_rl.actors.chat import ChatFormat
+from agentgym_rl.actors.engines import make_engine
+from agentgym_rl.actors.engines.serving import choice_seed, seeded_generator
+from agentgym_rl.actors.models import load_model, load_tokenizer
+from agentgym_rl.actors.weights import pack_state_dict
+from agentgym_rl.configs.schema import SamplingConfig, ServeConfig
+from agentgym_rl.driver.learners import free_port
+from agentgym_rl.serve.app import ServeArgs, build_app, delete_app, start_server, stop_server
+from agentgym_rl.serve.text import ReplyText
 from pydantic import ValidationError
 from ray import serve as ray_serve
-
-from actors.chat import ChatFormat
-from actors.engines import make_engine
-from actors.engines.serving import choice_seed, seeded_generator
-from actors.models import load_model, load_tokenizer
-from actors.trainer import free_port
-from actors.weights import pack_state_dict
-from configs.schema import SamplingConfig, ServeConfig
-from serve.app import ServeArgs, build_app, delete_app, start_server, stop_server
-from serve.text import ReplyText
 
 API_KEY = "test-key-123"
 MAX_TOKENS = 64

@@ -8,11 +8,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import ray
+from agentgym_rl.actors.sampler import EpisodeRequest, SamplerActor
+from agentgym_rl.configs import load_config
+from agentgym_rl.envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv
 from pydantic import BaseModel, ConfigDict, Field
-
-from actors.sampler import EpisodeRequest, SamplerActor
-from configs import load_config
-from envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv
 
 # Env actors run in their own processes (cwd: the repository); they import this module by this name.
 ENV_NAME = "tests.integration.test_slow_env:CountdownEnv"

@@ -54,7 +54,7 @@ def history(records: list[wandb_internal_pb2.Record]) -> list[dict]:
 
 @pytest.mark.slow
 def test_tiny_run_writes_offline_wandb_run_with_its_metrics(tmp_path: Path):
-    command = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "actors.cli"]
+    command = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "agentgym_rl.driver.cli"]
     settings = {
         "model.name": "tiny-random",
         "sampler.sampling.max_new_tokens": "8",

@@ -16,23 +16,23 @@ from typing import Annotated, Any
 import psutil
 import pytest
 import ray
+from agentgym_rl.driver.learners import free_port
+from agentgym_rl.envs.actor import create_env_actor
+from agentgym_rl.envs.base import EnvError
+from agentgym_rl.envs.http import AgentGymClient
+from agentgym_rl.envs.http.client import RemoteEnvError
+from agentgym_rl.envs.web import WebArenaClient, WebEnv
+from agentgym_rl.envs.web.tasks import TASKS
 from fastapi import Body, FastAPI
 from fastapi.responses import PlainTextResponse
 
-from actors.trainer import free_port
-from envs.actor import create_env_actor
-from envs.base import EnvError
-from envs.http import AgentGymClient
-from envs.http.client import RemoteEnvError
-from envs.web import WebArenaClient, WebEnv
-from envs.web.tasks import TASKS
 from tests.integration.http_server import serve
 
 pytestmark = pytest.mark.skipif(
     shutil.which("chromium") is None and shutil.which("chromium-browser") is None,
     reason="no system Chromium: install the OS package (./install.sh does, as root)",
 )
-CLI = [sys.executable, "-m", "actors.cli"]
+CLI = [sys.executable, "-m", "agentgym_rl.driver.cli"]
 JsonBody = Annotated[dict[str, Any], Body()]
 
 

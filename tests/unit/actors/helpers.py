@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from actors.engines import Engine, make_engine
+from agentgym_rl.actors.engines import Engine, make_engine
 
 
 def tiny_engine(

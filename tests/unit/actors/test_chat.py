@@ -1,6 +1,5 @@
 import pytest
-
-from actors.chat import ChatFormat, TemplateError
+from agentgym_rl.actors.chat import ChatFormat, TemplateError
 
 
 def test_turn_by_turn_ids_equal_the_rendered_conversation(tokenizer):

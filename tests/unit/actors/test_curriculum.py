@@ -1,7 +1,6 @@
 import pytest
-
-from actors.curriculum import horizon_at
-from configs.schema import CurriculumConfig
+from agentgym_rl.actors.curriculum import horizon_at
+from agentgym_rl.configs.schema import CurriculumConfig
 
 
 @pytest.mark.parametrize(

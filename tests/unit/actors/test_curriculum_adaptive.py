@@ -4,12 +4,11 @@ import asyncio
 import itertools
 
 import pytest
+from agentgym_rl.actors.curriculum import CurriculumActor, adaptive_advance, horizon_at
+from agentgym_rl.configs import load_config
+from agentgym_rl.configs.schema import CurriculumConfig
+from agentgym_rl.driver.run import check_algorithm
 from pydantic import ValidationError
-
-from actors.curriculum import CurriculumActor, adaptive_advance, horizon_at
-from actors.trainer import check_algorithm
-from configs import load_config
-from configs.schema import CurriculumConfig
 
 STEPWISE = CurriculumConfig(schedule="stepwise", horizons=[6, 13, 20], advance_every=100)
 

@@ -2,10 +2,17 @@
 
 import pytest
 import ray
-
-from actors.placement import ActorNeed, PlacementError, PoolNeed, clean_request, fit_count, plan_actors, sampler_room
-from actors.pools import sampler_lost, share_growth
-from configs import ConfigError, load_config
+from agentgym_rl.actors.cluster import (
+    ActorNeed,
+    ClusterError,
+    PoolNeed,
+    clean_request,
+    fit_count,
+    plan_actors,
+    sampler_room,
+)
+from agentgym_rl.actors.pools import sampler_lost, share_growth
+from agentgym_rl.configs import ConfigError, load_config
 
 
 @pytest.mark.parametrize(
@@ -137,7 +144,7 @@ def test_every_pools_minimum_is_reserved_before_any_pool_grows():
 
 def test_a_minimum_that_cannot_fit_names_every_number():
     serve = [ActorNeed("serve replica(s) (serve.num_replicas, serve.num_cpus)", {"CPU": 0.05}, 1)]
-    with pytest.raises(PlacementError) as caught:
+    with pytest.raises(ClusterError) as caught:
         plan_actors([{"CPU": 1.2, "memory": 1e9}], [LEARNER, *serve], [babyai_pool(min_count=2, count=2)])
     message = str(caught.value)
     for part in (
@@ -157,5 +164,5 @@ def test_a_custom_resource_no_node_has_fails_the_plan():
     learner = ActorNeed(
         "learner(s) (learner.count, learner.num_cpus, learner.resources)", {"CPU": 1.0, "gpu_box": 1}, 1
     )
-    with pytest.raises(PlacementError, match=r"learner\(s\).*x \{CPU: 1, gpu_box: 1\} did not fit"):
+    with pytest.raises(ClusterError, match=r"learner\(s\).*x \{CPU: 1, gpu_box: 1\} did not fit"):
         plan_actors([{"CPU": 8.0}], [learner], [babyai_pool()])

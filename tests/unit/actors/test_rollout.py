@@ -2,10 +2,11 @@
 
 import asyncio
 
-from actors.chat import ChatFormat
-from actors.rollout import run_episode
-from configs.schema import SamplingConfig
-from envs.actor import EnvHost
+from agentgym_rl.actors.chat import ChatFormat
+from agentgym_rl.actors.rollout import run_episode
+from agentgym_rl.configs.schema import SamplingConfig
+from agentgym_rl.envs.actor import EnvHost
+
 from tests.unit.actors.helpers import tiny_engine
 
 

@@ -1,6 +1,6 @@
 import json
 
-from actors.rundir import TRAINER_STATE, RunDir
+from agentgym_rl.actors.rundir import TRAINER_STATE, RunDir
 
 
 def _complete(run: RunDir, n: int) -> None:

@@ -18,15 +18,15 @@ import copy
 import functools
 
 import pytest
+from agentgym_rl.actors.chat import ChatFormat, TemplateError
+from agentgym_rl.actors.engines import Generation
+from agentgym_rl.actors.rollout import run_episode
+from agentgym_rl.actors.trajectory import Trajectory
+from agentgym_rl.configs.schema import SamplingConfig
+from agentgym_rl.envs import make
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from actors.chat import ChatFormat, TemplateError
-from actors.engines import Generation
-from actors.rollout import run_episode
-from actors.trajectory import Trajectory
-from configs.schema import SamplingConfig
-from envs import make
 from tests.unit.actors.helpers import tiny_engine
 
 LLAMA3 = (

@@ -2,9 +2,8 @@ from pathlib import Path
 
 import pytest
 import structlog.testing
-
-from configs import Config, ConfigError, dump_config, load_config
-from configs.loader import parse_override
+from agentgym_rl.configs import Config, ConfigError, dump_config, load_config
+from agentgym_rl.configs.loader import parse_override
 
 
 def test_quickstart_preset_loads_with_defaults_for_missing_keys():

@@ -9,9 +9,8 @@ import gymnasium
 import numpy as np
 import pydantic
 import pytest
-
-from envs.babyai import LEVELS, NO_ACTION_FOUND, NOT_RECOGNIZED, BabyAIEnv, gym_id
-from envs.base import EnvError, InvalidAction, StepResult
+from agentgym_rl.envs.babyai import LEVELS, NO_ACTION_FOUND, NOT_RECOGNIZED, BabyAIEnv, gym_id
+from agentgym_rl.envs.base import EnvError, InvalidAction, StepResult
 
 
 def available(text: str) -> list[str]:

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
+import agentgym_rl.envs.gym
 import gymnasium
 import pydantic
 import pytest
-
-import envs
-import envs.gym
-from envs.babyai import BabyAIEnv
+from agentgym_rl import envs
+from agentgym_rl.envs.babyai import BabyAIEnv
 
 
 def test_every_env_is_registered():
-    assert [envs.gym.gym_id(name) for name in envs.names()] == envs.gym.register_all()
+    assert [agentgym_rl.envs.gym.gym_id(name) for name in envs.names()] == agentgym_rl.envs.gym.register_all()
     for name in envs.names():
-        assert envs.gym.gym_id(name) in gymnasium.registry
+        assert agentgym_rl.envs.gym.gym_id(name) in gymnasium.registry
 
 
 def test_gymnasium_make_plays_a_babyai_episode_to_success():
@@ -48,7 +47,7 @@ def test_bad_options_fail_at_make():
 
 
 def test_registrations_carry_each_envs_default_turn_limit():
-    limits = {name: gymnasium.spec(envs.gym.gym_id(name)).max_episode_steps for name in envs.names()}
+    limits = {name: gymnasium.spec(agentgym_rl.envs.gym.gym_id(name)).max_episode_steps for name in envs.names()}
     assert {name: limits[name] for name in ("babyai", "textcraft", "sciworld", "search", "web")} == {
         "babyai": 20,
         "textcraft": 30,

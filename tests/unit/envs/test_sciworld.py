@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pydantic
 import pytest
-
-from envs import registry
-from envs.base import EnvError, InvalidAction, StepResult
-from envs.sciworld import NO_ACTION_FOUND, SciWorldEnv
+from agentgym_rl.envs import registry
+from agentgym_rl.envs.base import EnvError, InvalidAction, StepResult
+from agentgym_rl.envs.sciworld import NO_ACTION_FOUND, SciWorldEnv
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pydantic
 import pytest
-
-from envs import registry
-from envs.base import EnvError, StepResult
-from envs.search import (
+from agentgym_rl.envs import registry
+from agentgym_rl.envs.base import EnvError, StepResult
+from agentgym_rl.envs.search import (
     BM25Retriever,
     Passage,
     SearchEnv,
@@ -22,8 +21,8 @@ from envs.search import (
     load_questions,
     normalize_answer,
 )
-from envs.search.env import NO_ACTION_FOUND
-from envs.search.generate import GENERATOR_VERSION
+from agentgym_rl.envs.search.env import NO_ACTION_FOUND
+from agentgym_rl.envs.search.generate import GENERATOR_VERSION
 
 
 @pytest.fixture(scope="module")

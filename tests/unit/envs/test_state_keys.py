@@ -8,16 +8,15 @@ from collections.abc import Sequence
 
 import pytest
 import structlog
-
-from actors.trainer import warn_without_state_keys
-from envs.actor import EnvHost
-from envs.babyai import BabyAIEnv
-from envs.base import InvalidAction, Observation, StepResult, TextEnv, state_digest
-from envs.sciworld import SciWorldEnv
-from envs.target_word import TargetWordEnv
-from envs.textcraft import TextCraftEnv
-from envs.web import WebEnv
-from learner.algorithms import build_algorithm
+from agentgym_rl.driver.trainer import warn_without_state_keys
+from agentgym_rl.envs.actor import EnvHost
+from agentgym_rl.envs.babyai import BabyAIEnv
+from agentgym_rl.envs.base import InvalidAction, Observation, StepResult, TextEnv, state_digest
+from agentgym_rl.envs.sciworld import SciWorldEnv
+from agentgym_rl.envs.target_word import TargetWordEnv
+from agentgym_rl.envs.textcraft import TextCraftEnv
+from agentgym_rl.envs.web import WebEnv
+from agentgym_rl.learner.algorithms import build_algorithm
 
 
 class Plain(TextEnv):

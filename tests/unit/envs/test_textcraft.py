@@ -6,10 +6,9 @@ import random
 
 import pydantic
 import pytest
-
-from envs import registry
-from envs.base import EnvError, InvalidAction, StepResult
-from envs.textcraft import NO_ACTION_FOUND, TextCraftEnv, goals, recipe_book
+from agentgym_rl.envs import registry
+from agentgym_rl.envs.base import EnvError, InvalidAction, StepResult
+from agentgym_rl.envs.textcraft import NO_ACTION_FOUND, TextCraftEnv, goals, recipe_book
 
 
 @pytest.fixture(scope="module")

@@ -12,13 +12,12 @@ from pathlib import Path
 import playwright
 import psutil
 import pytest
-
-from envs.base import EnvError, InvalidAction
-from envs.registry import make
-from envs.web import WebEnv
-from envs.web.actions import NO_ACTION, WebAction, parse_reply
-from envs.web.content import generate
-from envs.web.tasks import SPLITS, TASKS, build_tasks
+from agentgym_rl.envs.base import EnvError, InvalidAction
+from agentgym_rl.envs.registry import make
+from agentgym_rl.envs.web import WebEnv
+from agentgym_rl.envs.web.actions import NO_ACTION, WebAction, parse_reply
+from agentgym_rl.envs.web.content import generate
+from agentgym_rl.envs.web.tasks import SPLITS, TASKS, build_tasks
 
 pytestmark = pytest.mark.skipif(
     shutil.which("chromium") is None and shutil.which("chromium-browser") is None,

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import torch
-
-from actors.trajectory import Trajectory
+from agentgym_rl.actors.trajectory import Trajectory
 
 
 def two_turn_trajectory(

@@ -5,13 +5,13 @@ import math
 
 import pytest
 import torch
+from agentgym_rl.actors.trajectory import Trajectory
+from agentgym_rl.configs import Config, ConfigError
+from agentgym_rl.driver.run import check_algorithm
+from agentgym_rl.learner.advantages import whiten
+from agentgym_rl.learner.algorithms import CISPO, GSPO, AlgorithmConfigError, GiGPO, build_algorithm
+from agentgym_rl.learner.batching import collate
 
-from actors.trainer import check_algorithm
-from actors.trajectory import Trajectory
-from configs import Config, ConfigError
-from learner.advantages import whiten
-from learner.algorithms import CISPO, GSPO, AlgorithmConfigError, GiGPO, build_algorithm
-from learner.batching import collate
 from tests.unit.learner.helpers import two_turn_trajectory
 
 

@@ -4,14 +4,14 @@ import math
 
 import pytest
 import torch
+from agentgym_rl.configs import Config
+from agentgym_rl.configs.loader import apply_override
+from agentgym_rl.learner.actor import LearnerActor
+from agentgym_rl.learner.algorithms import build_algorithm, build_pairs
+from agentgym_rl.learner.algorithms.base import LOGPROBS, LOSS_MASK, REF_LOGPROBS
+from agentgym_rl.learner.algorithms.dpo import CHOSEN, PAIR
+from agentgym_rl.learner.losses import dpo_loss
 
-from configs import Config
-from configs.loader import apply_override
-from learner.actor import LearnerActor
-from learner.algorithms import build_algorithm, build_pairs
-from learner.algorithms.base import LOGPROBS, LOSS_MASK, REF_LOGPROBS
-from learner.algorithms.dpo import CHOSEN, PAIR
-from learner.losses import dpo_loss
 from tests.unit.learner.helpers import batch_of, two_turn_trajectory
 from tests.unit.learner.test_learner import gradients
 

@@ -1,7 +1,6 @@
 import torch
-
-from actors.models import load_model
-from learner.forward import masked_token_outputs
+from agentgym_rl.actors.models import load_model
+from agentgym_rl.learner.forward import masked_token_outputs
 
 
 def test_masked_scoring_equals_a_full_forward():

@@ -14,7 +14,7 @@ import pytest
 WORKLOAD = """
 import sys
 import torch
-from learner.heap import return_large_frees_to_the_os
+from agentgym_rl.learner.heap import return_large_frees_to_the_os
 
 def resident_mib():
     with open("/proc/self/statm") as f:

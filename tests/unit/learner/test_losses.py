@@ -2,9 +2,8 @@ import math
 
 import pytest
 import torch
-
-from learner.algorithms import GRPO, AlgorithmConfigError, build_algorithm
-from learner.losses import (
+from agentgym_rl.learner.algorithms import GRPO, AlgorithmConfigError, build_algorithm
+from agentgym_rl.learner.losses import (
     aggregate,
     cispo_policy_loss,
     clipped_policy_loss,

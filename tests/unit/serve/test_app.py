@@ -7,13 +7,12 @@ import importlib.util
 
 import openai
 import pytest
+from agentgym_rl.configs import Config
+from agentgym_rl.configs.schema import ServeConfig
+from agentgym_rl.serve.app import ServeArgs, ServeError, build_app
+from agentgym_rl.serve.routes import PolicyAPI, build_api
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
-
-from configs import Config
-from configs.schema import ServeConfig
-from serve.app import ServeArgs, ServeError, build_app
-from serve.routes import PolicyAPI, build_api
 
 
 def test_serving_uses_the_training_samplers_engine_unless_serve_engine_is_set():

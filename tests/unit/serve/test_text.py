@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from serve.text import ReplyText, TokenTexts
+from agentgym_rl.serve.text import ReplyText, TokenTexts
 
 
 def pieces(decode, token_groups, stops):

@@ -1,10 +1,9 @@
 """Which trajectories a run keeps on disk (logging.max_trajectories_per_iteration)."""
 
 import pytest
-
-from actors.tracking import conversation_text, select_trajectories
-from actors.trajectory import Trajectory
-from configs import Config
+from agentgym_rl.actors.trajectory import Trajectory
+from agentgym_rl.configs import Config
+from agentgym_rl.driver.tracking import conversation_text, select_trajectories
 
 
 def episode(group: int, success: bool) -> Trajectory:

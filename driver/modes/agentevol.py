@@ -17,15 +17,16 @@ from typing import Literal
 
 import ray
 import structlog
-
-from actors.data import load_trajectories
-from actors.rundir import RunDir
-from actors.sampler import EpisodeRequest
-from actors.tracking import select_trajectories, wandb_tracker
-from actors.trainer import Trainer, episode_seed, rollout_metrics, split_failed
-from actors.trajectory import Trajectory
-from configs import Config
-from envs import make
+from agentgym_rl.actors.rundir import RunDir
+from agentgym_rl.actors.sampler import EpisodeRequest
+from agentgym_rl.actors.trajectory import Trajectory
+from agentgym_rl.configs import Config
+from agentgym_rl.driver.data import load_trajectories
+from agentgym_rl.driver.metrics import rollout_metrics, split_failed
+from agentgym_rl.driver.tasks import episode_seed
+from agentgym_rl.driver.tracking import select_trajectories, wandb_tracker
+from agentgym_rl.driver.trainer import Trainer
+from agentgym_rl.envs import make
 
 log = structlog.get_logger()
 

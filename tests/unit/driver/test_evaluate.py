@@ -5,8 +5,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-from actors.evaluate import (
+from agentgym_rl.actors.models import model_dir
+from agentgym_rl.actors.rundir import RunDir
+from agentgym_rl.actors.trajectory import Trajectory
+from agentgym_rl.configs import Config, ConfigError, dump_config, load_config
+from agentgym_rl.driver.evaluate import (
     EpisodeResult,
     EvalError,
     EvalOptions,
@@ -23,12 +26,8 @@ from actors.evaluate import (
     task_category,
     wilson_interval,
 )
-from actors.models import model_dir
-from actors.rundir import RunDir
-from actors.trajectory import Trajectory
-from configs import Config, ConfigError, dump_config, load_config
-from envs import EnvError, make
-from envs.textcraft import goals
+from agentgym_rl.envs import EnvError, make
+from agentgym_rl.envs.textcraft import goals
 
 
 @pytest.mark.parametrize(

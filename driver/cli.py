@@ -15,13 +15,13 @@ if not os.environ.get("RAY_ADDRESS"):
 
 import pydantic
 import structlog
-
-from actors.logs import configure_logging
-from actors.models import ModelError
-from actors.trainer import TrainError, prepare_run, train
-from configs import ConfigError
-from envs import EnvError, env_class, make, names
-from envs.http.cli import add_server_arguments, run_server
+from agentgym_rl.actors.logs import configure_logging
+from agentgym_rl.actors.models import ModelError
+from agentgym_rl.configs import ConfigError
+from agentgym_rl.driver.errors import TrainError
+from agentgym_rl.driver.run import prepare_run, train
+from agentgym_rl.envs import EnvError, env_class, make, names
+from agentgym_rl.envs.http.cli import add_server_arguments, run_server
 
 log = structlog.get_logger()
 
@@ -43,7 +43,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_view(args: argparse.Namespace) -> int:
     # Imported here: the viewer pulls in FastAPI and uvicorn, which train and envs never need.
-    from serve.viewer import ViewerError, serve_viewer
+    from agentgym_rl.serve.viewer import ViewerError, serve_viewer
 
     try:
         serve_viewer(Path(args.run_dir), host=args.host, port=args.port)
@@ -55,7 +55,7 @@ def cmd_view(args: argparse.Namespace) -> int:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     # Imported here: only plot needs matplotlib.
-    from actors.plot import PlotError, parse_run_arguments, plot_runs
+    from agentgym_rl.driver.plot import PlotError, parse_run_arguments, plot_runs
 
     try:
         output = plot_runs(parse_run_arguments(args.runs), Path(args.output), smooth=args.smooth, title=args.title)
@@ -72,14 +72,14 @@ def cmd_env_server(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     # Imported here: Ray Serve and FastAPI are only needed by this command.
-    from serve.cli import run_serve
+    from agentgym_rl.serve.cli import run_serve
 
     return run_serve(args)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     # Imported here: only eval needs the evaluation module and its scipy import.
-    from actors.evaluate import EvalError, EvalOptions, format_table, run_eval
+    from agentgym_rl.driver.evaluate import EvalError, EvalOptions, format_table, run_eval
 
     envs = list(dict.fromkeys(args.env))
     if len(envs) > 1 and args.output is not None:
@@ -118,7 +118,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     # Imported here: like eval, only compare needs the evaluation module.
-    from actors.compare import CompareError, compare_reports, format_comparison, load_report
+    from agentgym_rl.driver.compare import CompareError, compare_reports, format_comparison, load_report
 
     try:
         comparison = compare_reports(load_report(Path(args.a)), load_report(Path(args.b)))
@@ -136,7 +136,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_data(args: argparse.Namespace) -> int:
     # Imported here: only the data commands need the export format.
-    from actors.data import DataError, export_run, import_episodes
+    from agentgym_rl.driver.data import DataError, export_run, import_episodes
 
     try:
         if args.data_command == "export":

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import ray
 import structlog
-
-from actors.trainer import Trainer, rollout_metrics, split_failed
-from actors.trajectory import Trajectory
+from agentgym_rl.actors.trajectory import Trajectory
+from agentgym_rl.driver.metrics import rollout_metrics, split_failed
+from agentgym_rl.driver.trainer import Trainer
 
 log = structlog.get_logger()
 

@@ -17,12 +17,11 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+from agentgym_rl.actors.chat import ChatFormat
+from agentgym_rl.actors.models import load_tokenizer
+from agentgym_rl.actors.rundir import RunDir
+from agentgym_rl.actors.trajectory import Trajectory
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-
-from actors.chat import ChatFormat
-from actors.models import load_tokenizer
-from actors.rundir import RunDir
-from actors.trajectory import Trajectory
 
 
 class DataError(ValueError):

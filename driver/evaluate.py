@@ -18,19 +18,18 @@ from pathlib import Path
 import numpy as np
 import ray
 import structlog
+from agentgym_rl.actors.cluster import init_ray
+from agentgym_rl.actors.models import model_dir
+from agentgym_rl.actors.rundir import CONFIG_FILE, POLICY_DIR, RunDir
+from agentgym_rl.actors.sampler import EpisodeRequest, SamplerActor
+from agentgym_rl.actors.trajectory import Trajectory
+from agentgym_rl.configs import Config, ConfigError, load_config
+from agentgym_rl.configs.loader import apply_override, format_validation_error
+from agentgym_rl.envs import TextEnv, env_class, make
+from agentgym_rl.envs.babyai import LEVELS
+from agentgym_rl.envs.textcraft import RecipeBook, goals, recipe_book
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from scipy import stats
-
-from actors.models import model_dir
-from actors.rundir import CONFIG_FILE, POLICY_DIR, RunDir
-from actors.sampler import EpisodeRequest, SamplerActor
-from actors.trainer import init_ray
-from actors.trajectory import Trajectory
-from configs import Config, ConfigError, load_config
-from configs.loader import apply_override, format_validation_error
-from envs import TextEnv, env_class, make
-from envs.babyai import LEVELS
-from envs.textcraft import RecipeBook, goals, recipe_book
 
 log = structlog.get_logger()
 

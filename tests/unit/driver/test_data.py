@@ -5,18 +5,17 @@ import json
 from pathlib import Path
 
 import pytest
-
-from actors.chat import ChatFormat
-from actors.cli import main
-from actors.data import DataError, load_trajectories, trajectory_files
-from actors.engines.base import Generation
-from actors.rollout import run_episode
-from actors.rundir import RunDir
-from actors.trajectory import Trajectory
-from configs import Config
-from configs.loader import apply_override
-from envs import make
-from learner.actor import LearnerActor
+from agentgym_rl.actors.chat import ChatFormat
+from agentgym_rl.actors.engines.base import Generation
+from agentgym_rl.actors.rollout import run_episode
+from agentgym_rl.actors.rundir import RunDir
+from agentgym_rl.actors.trajectory import Trajectory
+from agentgym_rl.configs import Config
+from agentgym_rl.configs.loader import apply_override
+from agentgym_rl.driver.cli import main
+from agentgym_rl.driver.data import DataError, load_trajectories, trajectory_files
+from agentgym_rl.envs import make
+from agentgym_rl.learner.actor import LearnerActor
 
 LEVELS = {"levels": ["GoToRedBall"]}
 

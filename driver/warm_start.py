@@ -14,10 +14,11 @@ import json
 from pathlib import Path
 
 import structlog
-
-from actors.rundir import POLICY_DIR, TRAINER_STATE, RunDir
-from configs import Config
-from configs.schema import AlgorithmConfig, CurriculumConfig
+from agentgym_rl.actors.rundir import POLICY_DIR, TRAINER_STATE, RunDir
+from agentgym_rl.configs import Config
+from agentgym_rl.configs.schema import AlgorithmConfig, CurriculumConfig
+from agentgym_rl.driver.errors import TrainError
+from agentgym_rl.driver.trainer import Trainer
 
 log = structlog.get_logger()
 
@@ -80,8 +81,6 @@ def run_warm_start(config: Config, run_dir: RunDir) -> Path:
 
     Ray must be initialised; the phase's actors are stopped before this returns.
     """
-    from actors.trainer import Trainer  # the trainer composes this module, so it is imported here
-
     derived = warm_start_config(config)
     warm_dir = RunDir(run_dir.path / WARM_START_DIR)
     policy = finished_policy(warm_dir, derived.trainer.iterations)
@@ -98,5 +97,5 @@ def run_warm_start(config: Config, run_dir: RunDir) -> Path:
         trainer.stop_actors()
     policy = finished_policy(warm_dir, derived.trainer.iterations)
     if policy is None:
-        raise RuntimeError(f"the warm start finished without a final checkpoint in {warm_dir.checkpoints}")
+        raise TrainError(f"the warm start finished without a final checkpoint in {warm_dir.checkpoints}")
     return policy

@@ -1,9 +1,8 @@
 """The warm-start phase's derived config (pure: no Ray, no model)."""
 
 import pytest
-
-from actors.warm_start import warm_start_config
-from configs import ConfigError, load_config
+from agentgym_rl.configs import ConfigError, load_config
+from agentgym_rl.driver.warm_start import warm_start_config
 
 
 def test_warm_start_plays_the_oracle_with_sft_at_the_largest_horizon():

@@ -15,14 +15,13 @@ from fractions import Fraction
 from typing import TYPE_CHECKING
 
 import numpy as np
-
-from configs import Config, ConfigError
-from configs.schema import EnvConfig, MixEntry
-from envs import EnvError, env_class
+from agentgym_rl.configs import Config, ConfigError
+from agentgym_rl.configs.schema import EnvConfig, MixEntry
+from agentgym_rl.envs import EnvError, env_class
 
 if TYPE_CHECKING:
-    from actors.pools import SamplerPool
-    from actors.trainer import TaskSchedule
+    from agentgym_rl.actors.pools import SamplerPool
+    from agentgym_rl.driver.tasks import TaskSchedule
 
 # The per-env metrics of a mixed run, each written as ``env/<name>/<key>``.
 ENV_METRIC_KEYS = ("success_rate", "mean_reward", "horizon", "episodes", "truncated_rate")

@@ -1,11 +1,10 @@
 """Multi-env training without Ray: task apportionment, the `envs` config checks, derived per-env configs."""
 
 import pytest
-
-from actors.mix import apportion, check_envs, env_metrics, env_run_config, mix_entries, schedule_seed
-from actors.trainer import TaskSchedule
-from actors.warm_start import warm_start_config
-from configs import ConfigError, dump_config, load_config
+from agentgym_rl.configs import ConfigError, dump_config, load_config
+from agentgym_rl.driver.mix import apportion, check_envs, env_metrics, env_run_config, mix_entries, schedule_seed
+from agentgym_rl.driver.tasks import TaskSchedule
+from agentgym_rl.driver.warm_start import warm_start_config
 
 MIX = [
     "warm_start.iterations=0",

@@ -1,4 +1,5 @@
-"""Where actors go on a Ray cluster: resource requests, free room per node, spread env actors.
+"""The Ray cluster: joining or starting it, and where actors go on it (resource requests, free room per
+node, spread env actors).
 
 Learners and samplers are placed by the resources they request (CPUs, GPUs, custom Ray resources
 from the config); env actors are cheap and many, so they are spread over the nodes (Ray's
@@ -14,21 +15,62 @@ fit; the room left decides how many samplers, with how many env actors, each poo
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import ray
+from agentgym_rl.configs import Config
+from agentgym_rl.configs.errors import AgentGymError
+from agentgym_rl.configs.schema import EnvConfig, SamplerConfig
+from agentgym_rl.envs.actor import EnvHost
+from ray._private import ray_constants
 from ray._private import state as ray_state
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-from configs.schema import EnvConfig, SamplerConfig
-from envs.actor import EnvHost
 
 # Ray counts resources in units of 1e-4; a smaller slack absorbs float round-off only.
 EPSILON = 1e-6
 # Restarts Ray grants a dead env actor (as ``envs.actor.create_env_actor`` does); the sampler still
 # replaces an actor whose call failed, so these only cover deaths between episodes.
 ENV_MAX_RESTARTS = 3
+
+
+class ClusterError(AgentGymError):
+    """A cluster that cannot host the command: a local instance that would listen on the network, or a run
+    whose least actors do not fit (the message names the numbers)."""
+
+
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def ray_address(config: Config) -> str | None:
+    """The cluster a command joins (``ray.address``, else ``$RAY_ADDRESS``); None: it starts a local instance."""
+    return config.ray.address or os.environ.get("RAY_ADDRESS")
+
+
+def init_ray(config: Config) -> None:
+    """Connect to ``ray.address`` or start a local instance that listens on 127.0.0.1 only."""
+    if ray.is_initialized():
+        return
+    address = ray_address(config)
+    if address:
+        ray.init(address=address, log_to_driver=True)
+        return
+    # Ray reads this switch when it is imported; with it a local instance listens on 127.0.0.1 only.
+    if os.environ.get(LOOPBACK_ENV) != "0" or ray_constants.ENABLE_RAY_CLUSTER:
+        raise ClusterError(
+            f"a local Ray instance would listen on the network; set {LOOPBACK_ENV}=0 in the environment "
+            "before Python imports ray (the agentgym-rl command does this), or set ray.address"
+        )
+    ray.init(
+        # "local" starts a fresh instance even when other Ray instances run on this machine (ray.init()
+        # alone would join the newest of them).
+        address="local",
+        num_cpus=config.ray.num_cpus,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=True,
+    )
 
 
 def sampler_gpus(config: SamplerConfig) -> float:
@@ -128,10 +170,6 @@ class PoolNeed:
     envs: int
 
 
-class PlacementError(RuntimeError):
-    """The actors a run needs at the least do not fit the cluster; the message names the numbers."""
-
-
 def node_capacities() -> list[dict[str, float]]:
     """The total resources of each live node (what fits when nothing else runs)."""
     return [dict(node["Resources"]) for node in ray.nodes() if node["Alive"]]
@@ -154,16 +192,16 @@ def plan_actors(nodes: list[dict[str, float]], fixed: list[ActorNeed], pools: li
         For each pool, one entry per sampler to start: its number of env actors.
 
     Raises:
-        PlacementError: the minimum does not fit; the message lists every need, the totals and the nodes.
+        ClusterError: the minimum does not fit; the message lists every need, the totals and the nodes.
     """
     free = [dict(node) for node in nodes]
     for need in fixed:
         if fit_count(free, need.request, need.count) < need.count:
-            raise PlacementError(_shortfall(nodes, fixed, pools, f"{need.what} x {_fmt(need.request)}"))
+            raise ClusterError(_shortfall(nodes, fixed, pools, f"{need.what} x {_fmt(need.request)}"))
     for pool in pools:
         for _ in range(pool.min_count):
             if not fit_count(free, pool.sampler, 1) or fit_count(free, pool.env_actor, pool.min_envs) < pool.min_envs:
-                raise PlacementError(_shortfall(nodes, fixed, pools, f"the samplers of env {pool.env}"))
+                raise ClusterError(_shortfall(nodes, fixed, pools, f"the samplers of env {pool.env}"))
     plans = []
     for pool in pools:
         plan = [

@@ -4,9 +4,8 @@ import json
 from pathlib import Path
 
 import pytest
-
-from actors.cli import main
-from actors.compare import (
+from agentgym_rl.driver.cli import main
+from agentgym_rl.driver.compare import (
     CompareError,
     compare_reports,
     load_report,
@@ -14,7 +13,7 @@ from actors.compare import (
     pair_episodes,
     paired_difference_interval,
 )
-from actors.evaluate import episode_seeds, wilson_interval
+from agentgym_rl.driver.evaluate import episode_seeds, wilson_interval
 
 
 def report(outcomes: list[tuple[bool, float]], name: str = "a", samples: int = 1, **settings) -> dict:

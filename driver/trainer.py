@@ -1,50 +1,34 @@
-"""The driver loop: rollout on samplers, update on the learner, sync weights, record the run.
-
-This module is the composition root: it is the one place in ``actors`` that wires in the
-learner package (everything else in ``actors`` stays independent of it).
-"""
+"""The driver loop: rollout on samplers, update on the learner, sync weights, record the run."""
 
 from __future__ import annotations
 
 import json
-import os
-import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import ray
 import structlog
+from agentgym_rl.actors.models import model_dir
+from agentgym_rl.actors.pools import PoolError, SamplerPool, sampler_lost
+from agentgym_rl.actors.rundir import TRAINER_STATE, RunDir
+from agentgym_rl.actors.sampler import EpisodeRequest
+from agentgym_rl.actors.trajectory import Trajectory
+from agentgym_rl.configs import Config
+from agentgym_rl.configs.schema import MixEntry
+from agentgym_rl.driver.errors import LearnerLost, TrainError
+from agentgym_rl.driver.learners import start_learners, total_updates
+from agentgym_rl.driver.metrics import group_metrics, informative_groups, pool_metrics, rollout_metrics, split_failed
+from agentgym_rl.driver.mix import EnvSlot, apportion, env_metrics, env_run_config, mix_entries, schedule_seed
+from agentgym_rl.driver.needs import plan_run
+from agentgym_rl.driver.tasks import TaskSchedule, episode_seed
+from agentgym_rl.driver.tracking import WandbTracker, select_trajectories, wandb_tracker
+from agentgym_rl.envs import EnvError, TextEnv, make
+from agentgym_rl.learner.algorithms import Algorithm, build_algorithm
 from pydantic import ValidationError
-from ray._private import ray_constants
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
-
-from actors.chat import ChatFormat
-from actors.mix import EnvSlot, apportion, check_envs, env_metrics, env_run_config, mix_entries, schedule_seed
-from actors.models import load_tokenizer, model_dir
-from actors.placement import (
-    ActorNeed,
-    PlacementError,
-    PoolNeed,
-    clean_request,
-    env_request,
-    node_capacities,
-    plan_actors,
-    sampler_request,
-)
-from actors.pools import PoolError, SamplerPool, sampler_lost
-from actors.rundir import CONFIG_FILE, TRAINER_STATE, RunDir
-from actors.sampler import EpisodeRequest
-from actors.tracking import WandbTracker, select_trajectories, wandb_tracker
-from actors.trajectory import Trajectory
-from configs import Config, ConfigError, load_config
-from configs.schema import MixEntry
-from envs import EnvError, TextEnv, make
-from learner.actor import LearnerActor
-from learner.algorithms import Algorithm, AlgorithmConfigError, build_algorithm, resolve_algorithm
 
 log = structlog.get_logger()
 
@@ -56,95 +40,6 @@ class Display:
     progress: Progress | None
     overall: TaskID | None
     tracker: WandbTracker | None
-
-
-class TrainError(RuntimeError):
-    """A run that cannot start or continue; the message says what to change."""
-
-
-class LearnerLost(TrainError):
-    """A learner actor died and ``trainer.on_learner_failure`` is ``restart``: the loop restarts the learners
-    (one that escapes the loop, e.g. while resuming, ends the run like any ``TrainError``)."""
-
-
-LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-
-
-def ray_address(config: Config) -> str | None:
-    """The cluster a command joins (``ray.address``, else ``$RAY_ADDRESS``); None: it starts a local instance."""
-    return config.ray.address or os.environ.get("RAY_ADDRESS")
-
-
-def init_ray(config: Config) -> None:
-    """Connect to ``ray.address`` or start a local instance that listens on 127.0.0.1 only."""
-    if ray.is_initialized():
-        return
-    address = ray_address(config)
-    if address:
-        ray.init(address=address, log_to_driver=True)
-        return
-    # Ray reads this switch when it is imported; with it a local instance listens on 127.0.0.1 only.
-    if os.environ.get(LOOPBACK_ENV) != "0" or ray_constants.ENABLE_RAY_CLUSTER:
-        raise TrainError(
-            f"a local Ray instance would listen on the network; set {LOOPBACK_ENV}=0 in the environment "
-            "before Python imports ray (the agentgym-rl command does this), or set ray.address"
-        )
-    ray.init(
-        # "local" starts a fresh instance even when other Ray instances run on this machine (ray.init()
-        # alone would join the newest of them).
-        address="local",
-        num_cpus=config.ray.num_cpus,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        log_to_driver=True,
-    )
-
-
-class TaskSchedule:
-    """Seeded draw of the tasks of each iteration (distinct within an iteration); resumable."""
-
-    def __init__(self, tasks: list[int], per_iteration: int, seed: int, *, source: str = "env") -> None:
-        if not tasks:
-            raise TrainError(f"the env split has no tasks; check {source}.split and {source}.options")
-        self.tasks = tasks
-        self.per_iteration = min(per_iteration, len(tasks))
-        self.rng = np.random.default_rng(seed)
-
-    def next(self, count: int | None = None, exclude: frozenset[int] = frozenset()) -> list[int]:
-        """``count`` distinct tasks (default: ``per_iteration``), none of ``exclude``."""
-        pool = [task for task in self.tasks if task not in exclude] if exclude else self.tasks
-        size = min(count if count is not None else self.per_iteration, len(pool))
-        picks = self.rng.choice(len(pool), size=size, replace=False)
-        return [pool[int(i)] for i in picks]
-
-    def state(self) -> dict:
-        return self.rng.bit_generator.state
-
-    def load_state(self, state: dict) -> None:
-        self.rng.bit_generator.state = state
-
-
-def split_failed(
-    refs: list[ray.ObjectRef], trajectories: list[Trajectory]
-) -> tuple[list[ray.ObjectRef], list[Trajectory], int]:
-    """Drop the episodes whose env failed (they are never trained on); returns the rest and the count."""
-    played = [(ref, t) for ref, t in zip(refs, trajectories, strict=True) if not t.failed]
-    return [ref for ref, _ in played], [t for _, t in played], len(trajectories) - len(played)
-
-
-def rollout_metrics(trajectories: list[Trajectory], failed: int = 0) -> dict[str, float]:
-    """Episode statistics of the played ``trajectories``; ``failed`` episodes are only counted."""
-    n = max(len(trajectories), 1)
-    return {
-        "rollout/failed": float(failed),
-        "success_rate": sum(t.success for t in trajectories) / n,
-        "mean_reward": sum(t.reward for t in trajectories) / n,
-        "rollout/episodes": float(n),
-        "rollout/turns_mean": sum(t.num_turns for t in trajectories) / n,
-        "rollout/truncated_rate": sum(t.truncated for t in trajectories) / n,
-        "rollout/sampled_tokens": float(sum(t.num_sampled_tokens for t in trajectories)),
-        "rollout/episode_tokens_mean": sum(len(t.token_ids) for t in trajectories) / n,
-    }
 
 
 class Trainer:
@@ -238,29 +133,8 @@ class Trainer:
         )
 
     def _start_learners(self) -> None:
-        """Start the learner actors (one, or a DeepSpeed group), placed by their resources."""
-        cfg = self.config
-        learner_cls = ray.remote(LearnerActor).options(
-            num_cpus=cfg.learner.num_cpus, resources=cfg.learner.resources or None
-        )
-        master_port = free_port() if cfg.learner.backend == "deepspeed" else 0
-        self.learners = [
-            learner_cls.remote(
-                model=cfg.model,
-                learner=cfg.learner,
-                algorithm=cfg.algorithm,
-                seed=cfg.run.seed,
-                sampler_dtype=cfg.sampler.dtype,
-                total_updates=cfg.trainer.iterations * cfg.learner.epochs * cfg.learner.minibatches,
-                rank=rank,
-                world_size=cfg.learner.count,
-                master_addr="127.0.0.1",
-                master_port=master_port,
-            )
-            for rank in range(cfg.learner.count)
-        ]
-        # Rank 0 publishes weights; every rank trains, saves and restores (collectives under DeepSpeed).
-        self.learner = self.learners[0]
+        self.learners = start_learners(self.config, total_updates(self.config))
+        self.learner = self.learners[0]  # the one that publishes weights
 
     def _restore(self) -> None:
         checkpoint = self.run_dir.latest_checkpoint()
@@ -359,7 +233,7 @@ class Trainer:
 
     def _start_serving(self) -> None:
         # Imported here: serve builds on actors, and only a run with serve.enabled needs Ray Serve.
-        from serve.app import ServeArgs, ServeError, start_server
+        from agentgym_rl.serve.app import ServeArgs, ServeError, start_server
 
         cfg = self.config
         args = ServeArgs.for_training(cfg)  # the sampler's dtype and engine unless serve.engine is set
@@ -370,7 +244,7 @@ class Trainer:
         log.info("serving the policy", url=f"http://{cfg.serve.host}:{cfg.serve.port}/v1", model=cfg.model.name)
 
     def _stop_serving(self) -> None:
-        from serve.app import stop_server
+        from agentgym_rl.serve.app import stop_server
 
         # Clients get a moment to read the final version before the endpoint goes away.
         time.sleep(self.config.serve.linger_s)
@@ -695,102 +569,6 @@ class Trainer:
             ray.kill(actor)
 
 
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1 for the learners' process group."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def informative_groups(algorithm: Algorithm, trajectories: list[Trajectory]) -> set[int]:
-    """The groups of ``trajectories`` (failed episodes left out) that ``algorithm`` would train on."""
-    by_group: dict[int, list[Trajectory]] = {}
-    for trajectory in trajectories:
-        if not trajectory.failed:
-            by_group.setdefault(trajectory.group, []).append(trajectory)
-    return {group for group, members in by_group.items() if algorithm.select_trajectories(members)}
-
-
-def group_metrics(algorithm: Algorithm, trajectories: list[Trajectory]) -> dict[str, float]:
-    """``rollout/groups`` played and ``rollout/groups_skipped``: those the algorithm leaves out of the update."""
-    groups = {t.group for t in trajectories}
-    skipped = len(groups - informative_groups(algorithm, trajectories)) if algorithm.skips_uninformative_groups else 0
-    return {"rollout/groups": float(len(groups)), "rollout/groups_skipped": float(skipped)}
-
-
-def pool_metrics(per_pool: list[dict[str, float]]) -> dict[str, float]:
-    """The run's ``pool/*`` metrics: each key summed over the envs' pools."""
-    return {key: sum(metrics[key] for metrics in per_pool) for key in per_pool[0]}
-
-
-def episode_seed(run_seed: int, iteration: int, group: int, index: int) -> int:
-    """The seed of one episode's sampling stream, derived from the run seed (stable across resumes)."""
-    return int(np.random.SeedSequence([run_seed, iteration, group, index]).generate_state(1)[0])
-
-
-def run_needs(config: Config) -> tuple[list[ActorNeed], list[PoolNeed]]:
-    """What ``config``'s run starts at the least: its learners and serve replicas, and per env a sampler
-    pool (``sampler.min_count`` samplers with ``sampler.min_envs_per_sampler`` env actors each; offline
-    mode has none)."""
-    cfg = config
-    fixed = [
-        ActorNeed(
-            "learner(s) (learner.count, learner.num_cpus, learner.resources)",
-            clean_request({"CPU": cfg.learner.num_cpus, **cfg.learner.resources}),
-            cfg.learner.count,
-        )
-    ]
-    if cfg.serve.enabled:
-        from serve.app import INGRESS_CPUS, replica_gpus  # Ray Serve is imported only by runs that serve
-
-        scaling = cfg.serve.autoscaling
-        replicas = scaling.min_replicas if scaling is not None else cfg.serve.num_replicas
-        replica = clean_request({"CPU": cfg.serve.num_cpus, "GPU": replica_gpus(cfg.serve)})
-        fixed.append(
-            ActorNeed("serve replica(s) (serve.num_replicas, serve.num_cpus, serve.num_gpus)", replica, replicas)
-        )
-        fixed.append(ActorNeed("serve HTTP ingress", {"CPU": INGRESS_CPUS}, 1))
-    if cfg.trainer.mode == "offline":
-        return fixed, []
-    sampler = cfg.sampler
-    pools = [
-        PoolNeed(
-            env=entry.name,
-            sampler=sampler_request(sampler),
-            env_actor=env_request(sampler),
-            min_count=sampler.min_count,
-            count=sampler.count,
-            min_envs=sampler.min_envs_per_sampler,
-            envs=sampler.envs_per_sampler,
-        )
-        for entry in mix_entries(cfg)
-    ]
-    return fixed, pools
-
-
-def plan_run(config: Config) -> list[list[int]]:
-    """Check that ``config``'s run fits the cluster before any of its actors starts, and plan its pools: per
-    env, the env actor count of each sampler to start (``actors.placement.plan_actors``).
-
-    Raises:
-        TrainError: the run's minimum does not fit; the message names every number.
-    """
-    fixed, pools = run_needs(config)
-    try:
-        return plan_actors(node_capacities(), fixed, pools)
-    except PlacementError as exc:
-        raise TrainError(str(exc)) from None
-
-
-def algorithm_keys(name: str) -> set[str] | None:
-    """The hyperparameter keys of algorithm ``name`` (its ``Config`` fields), or None for a name that does not
-    resolve (``check_algorithm`` reports it)."""
-    try:
-        return set(resolve_algorithm(name).Config.model_fields)
-    except AlgorithmConfigError:
-        return None
-
-
 def warn_without_state_keys(algorithm: Algorithm, env: TextEnv, name: str) -> None:
     """Warn when ``algorithm`` compares turns by env state (GiGPO) but env ``name`` supplies no state keys:
     its turns then get the episode-level advantages only."""
@@ -803,82 +581,3 @@ def warn_without_state_keys(algorithm: Algorithm, env: TextEnv, name: str) -> No
         )
 
 
-def check_algorithm(config: Config) -> None:
-    """Validate the algorithm section against the chosen algorithm before anything starts."""
-    try:
-        algorithm = build_algorithm(config.algorithm.name, config.algorithm.model_extra or {})
-    except AlgorithmConfigError as exc:
-        raise ConfigError(f"invalid config: {exc}") from None
-    if config.trainer.dynamic_sampling.enabled and not algorithm.skips_uninformative_groups:
-        raise ConfigError(
-            f"invalid config: trainer.dynamic_sampling.enabled refills groups that the algorithm would skip, but "
-            f"{config.algorithm.name!r} skips none (grpo, rloo, gigpo, gspo and cispo do with "
-            "skip_uniform_groups=true, dpo always); set trainer.dynamic_sampling.enabled=false"
-        )
-    if algorithm.corrects_rollout_mismatch and config.learner.old_logprobs == "sampler":
-        raise ConfigError(
-            "invalid config: algorithm.rollout_correction weighs tokens by the learner's old log-probs against "
-            "the sampler's, but learner.old_logprobs=sampler (async mode sets it) makes them the same; set "
-            "algorithm.rollout_correction=none, or train in sync mode with learner.old_logprobs auto or recompute"
-        )
-
-
-def prepare_run(config_path: str | None, overrides: list[str], resume: str | None) -> tuple[Config, RunDir]:
-    """Resolve the config and run directory for ``train``.
-
-    A fresh run refuses an existing run directory that already holds metrics; ``resume`` reads the
-    run's saved config (overrides still apply, e.g. to raise ``trainer.iterations``).
-    """
-    if resume:
-        path = Path(resume)
-        if not (path / CONFIG_FILE).is_file():
-            raise TrainError(f"--resume {resume}: no {CONFIG_FILE} there; give a run directory made by train")
-        config = load_config(path / CONFIG_FILE, overrides, algorithm_keys=algorithm_keys)
-        check_algorithm(config)
-        check_envs(config)
-        run_dir = RunDir(path)
-        run_dir.create(config)
-        return config, run_dir
-    config = load_config(config_path, overrides, algorithm_keys=algorithm_keys)
-    check_algorithm(config)
-    check_envs(config)
-    if config.run.name is None:
-        config.run.name = f"{'mix' if config.envs else config.env.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir = RunDir(Path(config.run.dir) / config.run.name)
-    if run_dir.metrics.exists() and run_dir.metrics.stat().st_size > 0:
-        raise TrainError(
-            f"run directory {run_dir.path} already holds a run; continue it with --resume {run_dir.path} "
-            "or choose another name with --set run.name=NAME"
-        )
-    run_dir.create(config)
-    return config, run_dir
-
-
-def train(config: Config, run_dir: RunDir, *, resume: bool = False) -> dict:
-    """Run training in a local or remote Ray instance and shut the local one down afterwards."""
-    # Fail before any actor starts when the model's chat template cannot be extended token-exactly.
-    ChatFormat(load_tokenizer(config.model.name))
-    init_ray(config)
-    try:
-        plan_run(config)  # before any actor starts: a run that cannot fit fails now, not after a start timeout
-        if config.warm_start.iterations:
-            from actors.warm_start import run_warm_start  # it builds on Trainer, so it is imported here
-
-            policy = run_warm_start(config, run_dir)
-            config = config.model_copy(deep=True)
-            config.model.name = str(policy)
-        if config.trainer.mode == "async":
-            from actors.async_trainer import AsyncTrainer  # it builds on Trainer, so it is imported here
-
-            return AsyncTrainer(config, run_dir, resume=resume).run()
-        if config.trainer.mode == "offline":
-            from actors.offline import OfflineTrainer  # it builds on this module, so it is imported here
-
-            return OfflineTrainer(config, run_dir, resume=resume).run()
-        if config.trainer.mode == "agentevol":
-            from actors.agentevol import AgentEvolTrainer  # it builds on Trainer, so it is imported here
-
-            return AgentEvolTrainer(config, run_dir, resume=resume).run()
-        return Trainer(config, run_dir, resume=resume).run()
-    finally:
-        ray.shutdown()

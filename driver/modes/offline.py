@@ -14,38 +14,17 @@ from collections import defaultdict
 
 import ray
 import structlog
-
-from actors.data import load_trajectories
-from actors.models import model_dir
-from actors.rundir import TRAINER_STATE, RunDir
-from actors.trainer import TaskSchedule, TrainError, free_port, rollout_metrics
-from actors.trajectory import Trajectory
-from configs import Config
-from learner.actor import LearnerActor
+from agentgym_rl.actors.models import model_dir
+from agentgym_rl.actors.rundir import TRAINER_STATE, RunDir
+from agentgym_rl.actors.trajectory import Trajectory
+from agentgym_rl.configs import Config
+from agentgym_rl.driver.data import load_trajectories
+from agentgym_rl.driver.errors import TrainError
+from agentgym_rl.driver.learners import start_learners, total_updates
+from agentgym_rl.driver.metrics import rollout_metrics
+from agentgym_rl.driver.tasks import TaskSchedule
 
 log = structlog.get_logger()
-
-
-def start_learners(config: Config, total_updates: int) -> list[ray.actor.ActorHandle]:
-    """The learner actors of a run whose data needs no samplers (one, or a DeepSpeed group)."""
-    cfg = config
-    learner_cls = ray.remote(LearnerActor).options(num_cpus=cfg.learner.num_cpus)
-    master_port = free_port() if cfg.learner.backend == "deepspeed" else 0
-    return [
-        learner_cls.remote(
-            model=cfg.model,
-            learner=cfg.learner,
-            algorithm=cfg.algorithm,
-            seed=cfg.run.seed,
-            sampler_dtype=cfg.sampler.dtype,
-            total_updates=total_updates,
-            rank=rank,
-            world_size=cfg.learner.count,
-            master_addr="127.0.0.1",
-            master_port=master_port,
-        )
-        for rank in range(cfg.learner.count)
-    ]
 
 
 class OfflineTrainer:
@@ -76,7 +55,7 @@ class OfflineTrainer:
         cfg = self.config
         structlog.contextvars.bind_contextvars(run=cfg.run.name)
         model_dir(cfg.model.name)
-        self.learners = start_learners(cfg, cfg.trainer.iterations * cfg.learner.epochs * cfg.learner.minibatches)
+        self.learners = start_learners(cfg, total_updates(cfg))
         start = self._restore() if self.resume else 0
         last: dict = {}
         for iteration in range(start, cfg.trainer.iterations):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from actors.rundir import METRICS_FILE
+from agentgym_rl.actors.rundir import METRICS_FILE
 
 
 class PlotError(ValueError):

@@ -13,10 +13,9 @@ from typing import Any
 
 import numpy as np
 import structlog
-
-from actors.rundir import RunDir
-from actors.trajectory import Trajectory
-from configs import Config
+from agentgym_rl.actors.rundir import RunDir
+from agentgym_rl.actors.trajectory import Trajectory
+from agentgym_rl.configs import Config
 
 log = structlog.get_logger()
 

@@ -14,9 +14,8 @@ import json
 import math
 from pathlib import Path
 
+from agentgym_rl.driver.evaluate import Z_95, EpisodeResult, mean_interval, wilson_interval
 from pydantic import ValidationError
-
-from actors.evaluate import Z_95, EpisodeResult, mean_interval, wilson_interval
 
 # Settings that change what an episode is; two reports must agree on them to be paired.
 PAIRED_SETTINGS = ("env", "split", "max_turns", "temperature")

@@ -1,0 +1,66 @@
+"""What a run needs from the cluster at the least, checked before any of its actors starts."""
+
+from __future__ import annotations
+
+from agentgym_rl.actors.cluster import (
+    ActorNeed,
+    PoolNeed,
+    clean_request,
+    env_request,
+    node_capacities,
+    plan_actors,
+    sampler_request,
+)
+from agentgym_rl.configs import Config
+from agentgym_rl.driver.mix import mix_entries
+
+
+def run_needs(config: Config) -> tuple[list[ActorNeed], list[PoolNeed]]:
+    """What ``config``'s run starts at the least: its learners and serve replicas, and per env a sampler
+    pool (``sampler.min_count`` samplers with ``sampler.min_envs_per_sampler`` env actors each; offline
+    mode has none)."""
+    cfg = config
+    fixed = [
+        ActorNeed(
+            "learner(s) (learner.count, learner.num_cpus, learner.resources)",
+            clean_request({"CPU": cfg.learner.num_cpus, **cfg.learner.resources}),
+            cfg.learner.count,
+        )
+    ]
+    if cfg.serve.enabled:
+        from agentgym_rl.serve.app import INGRESS_CPUS, replica_gpus  # Ray Serve is imported only by runs that serve
+
+        scaling = cfg.serve.autoscaling
+        replicas = scaling.min_replicas if scaling is not None else cfg.serve.num_replicas
+        replica = clean_request({"CPU": cfg.serve.num_cpus, "GPU": replica_gpus(cfg.serve)})
+        fixed.append(
+            ActorNeed("serve replica(s) (serve.num_replicas, serve.num_cpus, serve.num_gpus)", replica, replicas)
+        )
+        fixed.append(ActorNeed("serve HTTP ingress", {"CPU": INGRESS_CPUS}, 1))
+    if cfg.trainer.mode == "offline":
+        return fixed, []
+    sampler = cfg.sampler
+    pools = [
+        PoolNeed(
+            env=entry.name,
+            sampler=sampler_request(sampler),
+            env_actor=env_request(sampler),
+            min_count=sampler.min_count,
+            count=sampler.count,
+            min_envs=sampler.min_envs_per_sampler,
+            envs=sampler.envs_per_sampler,
+        )
+        for entry in mix_entries(cfg)
+    ]
+    return fixed, pools
+
+
+def plan_run(config: Config) -> list[list[int]]:
+    """Check that ``config``'s run fits the cluster before any of its actors starts, and plan its pools: per
+    env, the env actor count of each sampler to start (``actors.cluster.plan_actors``).
+
+    Raises:
+        ClusterError: the run's minimum does not fit; the message names every number.
+    """
+    fixed, pools = run_needs(config)
+    return plan_actors(node_capacities(), fixed, pools)

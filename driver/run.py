@@ -1,0 +1,103 @@
+"""Prepare a run (config, checks, run directory) and train it: what ``agentgym-rl train`` does."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import ray
+from agentgym_rl.actors.chat import ChatFormat
+from agentgym_rl.actors.cluster import init_ray
+from agentgym_rl.actors.models import load_tokenizer
+from agentgym_rl.actors.rundir import CONFIG_FILE, RunDir
+from agentgym_rl.configs import Config, ConfigError, load_config
+from agentgym_rl.driver.mix import check_envs
+from agentgym_rl.driver.modes.agentevol import AgentEvolTrainer
+from agentgym_rl.driver.modes.asynchronous import AsyncTrainer
+from agentgym_rl.driver.modes.offline import OfflineTrainer
+from agentgym_rl.driver.needs import plan_run
+from agentgym_rl.driver.trainer import Trainer, TrainError
+from agentgym_rl.driver.warm_start import run_warm_start
+from agentgym_rl.learner.algorithms import AlgorithmConfigError, build_algorithm, resolve_algorithm
+
+
+def algorithm_keys(name: str) -> set[str] | None:
+    """The hyperparameter keys of algorithm ``name`` (its ``Config`` fields), or None for a name that does not
+    resolve (``check_algorithm`` reports it)."""
+    try:
+        return set(resolve_algorithm(name).Config.model_fields)
+    except AlgorithmConfigError:
+        return None
+
+
+def check_algorithm(config: Config) -> None:
+    """Validate the algorithm section against the chosen algorithm before anything starts."""
+    try:
+        algorithm = build_algorithm(config.algorithm.name, config.algorithm.model_extra or {})
+    except AlgorithmConfigError as exc:
+        raise ConfigError(f"invalid config: {exc}") from None
+    if config.trainer.dynamic_sampling.enabled and not algorithm.skips_uninformative_groups:
+        raise ConfigError(
+            f"invalid config: trainer.dynamic_sampling.enabled refills groups that the algorithm would skip, but "
+            f"{config.algorithm.name!r} skips none (grpo, rloo, gigpo, gspo and cispo do with "
+            "skip_uniform_groups=true, dpo always); set trainer.dynamic_sampling.enabled=false"
+        )
+    if algorithm.corrects_rollout_mismatch and config.learner.old_logprobs == "sampler":
+        raise ConfigError(
+            "invalid config: algorithm.rollout_correction weighs tokens by the learner's old log-probs against "
+            "the sampler's, but learner.old_logprobs=sampler (async mode sets it) makes them the same; set "
+            "algorithm.rollout_correction=none, or train in sync mode with learner.old_logprobs auto or recompute"
+        )
+
+
+def prepare_run(config_path: str | None, overrides: list[str], resume: str | None) -> tuple[Config, RunDir]:
+    """Resolve the config and run directory for ``train``.
+
+    A fresh run refuses an existing run directory that already holds metrics; ``resume`` reads the
+    run's saved config (overrides still apply, e.g. to raise ``trainer.iterations``).
+    """
+    if resume:
+        path = Path(resume)
+        if not (path / CONFIG_FILE).is_file():
+            raise TrainError(f"--resume {resume}: no {CONFIG_FILE} there; give a run directory made by train")
+        config = load_config(path / CONFIG_FILE, overrides, algorithm_keys=algorithm_keys)
+        check_algorithm(config)
+        check_envs(config)
+        run_dir = RunDir(path)
+        run_dir.create(config)
+        return config, run_dir
+    config = load_config(config_path, overrides, algorithm_keys=algorithm_keys)
+    check_algorithm(config)
+    check_envs(config)
+    if config.run.name is None:
+        config.run.name = f"{'mix' if config.envs else config.env.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = RunDir(Path(config.run.dir) / config.run.name)
+    if run_dir.metrics.exists() and run_dir.metrics.stat().st_size > 0:
+        raise TrainError(
+            f"run directory {run_dir.path} already holds a run; continue it with --resume {run_dir.path} "
+            "or choose another name with --set run.name=NAME"
+        )
+    run_dir.create(config)
+    return config, run_dir
+
+
+def train(config: Config, run_dir: RunDir, *, resume: bool = False) -> dict:
+    """Run training in a local or remote Ray instance and shut the local one down afterwards."""
+    # Fail before any actor starts when the model's chat template cannot be extended token-exactly.
+    ChatFormat(load_tokenizer(config.model.name))
+    init_ray(config)
+    try:
+        plan_run(config)  # before any actor starts: a run that cannot fit fails now, not after a start timeout
+        if config.warm_start.iterations:
+            policy = run_warm_start(config, run_dir)
+            config = config.model_copy(deep=True)
+            config.model.name = str(policy)
+        if config.trainer.mode == "async":
+            return AsyncTrainer(config, run_dir, resume=resume).run()
+        if config.trainer.mode == "offline":
+            return OfflineTrainer(config, run_dir, resume=resume).run()
+        if config.trainer.mode == "agentevol":
+            return AgentEvolTrainer(config, run_dir, resume=resume).run()
+        return Trainer(config, run_dir, resume=resume).run()
+    finally:
+        ray.shutdown()
