@@ -22,6 +22,8 @@ from __future__ import annotations
 import structlog
 from transformers import PreTrainedTokenizerBase
 
+from agentgym_rl.configs.errors import AgentGymError
+
 log = structlog.get_logger()
 
 _SYSTEM, _USER, _REPLY, _NEXT, _REPLY2, _NEXT2 = (
@@ -41,7 +43,7 @@ _PROBE_TURNS = (
 )
 
 
-class TemplateError(ValueError):
+class TemplateError(AgentGymError, ValueError):
     """The tokenizer's chat template cannot be extended turn by turn (not prefix-stable)."""
 
 

@@ -15,18 +15,25 @@ fit; the room left decides how many samplers, with how many env actors, each poo
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import ray
+from ray._private import ray_constants
+from ray._private import state as ray_state
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
 from agentgym_rl.configs import Config
 from agentgym_rl.configs.errors import AgentGymError
 from agentgym_rl.configs.schema import EnvConfig, SamplerConfig
 from agentgym_rl.envs.actor import EnvHost
-from ray._private import ray_constants
-from ray._private import state as ray_state
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 # Ray counts resources in units of 1e-4; a smaller slack absorbs float round-off only.
 EPSILON = 1e-6
@@ -52,6 +59,16 @@ def init_ray(config: Config) -> None:
     """Connect to ``ray.address`` or start a local instance that listens on 127.0.0.1 only."""
     if ray.is_initialized():
         return
+    # ray.init installs its own SIGTERM handler; a command's handler (``stop_on_signals``) is put back after it.
+    own = signal.getsignal(signal.SIGTERM)
+    try:
+        _start_ray(config)
+    finally:
+        if callable(own) and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, own)
+
+
+def _start_ray(config: Config) -> None:
     address = ray_address(config)
     if address:
         ray.init(address=address, log_to_driver=True)
@@ -71,6 +88,73 @@ def init_ray(config: Config) -> None:
         _node_ip_address="127.0.0.1",
         log_to_driver=True,
     )
+
+
+# Ray's shutdown takes seconds; once, on a loaded 2-core machine, it did not return at all after Ctrl-C.
+SHUTDOWN_GRACE_S = 60.0
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGINT or SIGTERM asked the command to stop; it exits with ``128 + signum`` (130, 143)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+# The signals ``stop_on_signals`` received, latest last (``stopped`` reads it).
+_received: list[int] = []
+
+
+def stop_on_signals() -> None:
+    """Make SIGINT (Ctrl-C) and SIGTERM (what Kubernetes, systemd and Slurm send) raise ``Stopped`` in the main
+    thread, also where SIGINT arrives ignored: a non-interactive shell starts background jobs so, and Python
+    then keeps it ignored. ``init_ray`` keeps the SIGTERM handler that Ray's start-up would replace."""
+
+    def stop(signum: int, frame: object) -> None:
+        _received.append(signum)
+        raise Stopped(signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, stop)
+
+
+def stopped(interrupt: KeyboardInterrupt) -> Stopped:
+    """``interrupt`` as a ``Stopped`` naming its signal: Ray's blocking calls re-raise a plain KeyboardInterrupt
+    for the ``Stopped`` a handler raised inside them, so the signal is looked up among those received."""
+    if isinstance(interrupt, Stopped):
+        return interrupt
+    return Stopped(_received[-1] if _received else signal.SIGINT)
+
+
+@contextmanager
+def deadline(seconds: float, what: str, exit_code: int) -> Iterator[None]:
+    """Run the block; if it is still running after ``seconds``, say so on stderr with the stack of every
+    thread and end the process with ``exit_code`` (the processes of a local Ray instance end with it)."""
+
+    def give_up() -> None:
+        print(
+            f"agentgym-rl: {what} did not finish within {seconds:g} s; exiting. Threads:", file=sys.stderr, flush=True
+        )
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        sys.stderr.flush()
+        os._exit(exit_code)
+
+    timer = threading.Timer(seconds, give_up)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def sampler_gpus(config: SamplerConfig) -> float:

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import ray
 import structlog
+
 from agentgym_rl.configs.schema import CurriculumConfig
 
 log = structlog.get_logger()

@@ -21,6 +21,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
+from agentgym_rl.configs.errors import AgentGymError
+
 SMOLLM2 = "smollm2-135m-instruct"
 TINY_RANDOM = "tiny-random"
 BUILTIN_MODELS = (SMOLLM2, TINY_RANDOM)
@@ -35,7 +37,7 @@ AUTO = "auto"
 hf_logging.disable_progress_bar()
 
 
-class ModelError(ValueError):
+class ModelError(AgentGymError, ValueError):
     """A model name that cannot be resolved to weights on this machine."""
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import ray
 import structlog
+
 from agentgym_rl.actors.cluster import (
     env_request,
     fit_count,
@@ -32,8 +33,9 @@ from agentgym_rl.actors.cluster import (
     sampler_room,
 )
 from agentgym_rl.actors.curriculum import CurriculumActor
-from agentgym_rl.actors.sampler import EpisodeRequest, SamplerActor
+from agentgym_rl.actors.sampler import EpisodeRequest, SamplerActor, start_collect
 from agentgym_rl.configs import Config
+from agentgym_rl.configs.errors import AgentGymError
 
 log = structlog.get_logger()
 
@@ -41,7 +43,7 @@ log = structlog.get_logger()
 PROBE_TIMEOUT_S = 60.0
 
 
-class PoolError(RuntimeError):
+class PoolError(AgentGymError, RuntimeError):
     """The pools fell below their configured minimum and the cluster has no room to refill them."""
 
 
@@ -74,6 +76,7 @@ class Dispatch:
 
     sampler: ray.actor.ActorHandle
     requests: list[EpisodeRequest]
+    returns: list[ray.ObjectRef]  # one per request
 
 
 class SamplerPool:
@@ -283,10 +286,16 @@ class SamplerPool:
     # ----------------------------------------------------------------------------- dispatch
 
     def submit(self, sampler: ray.actor.ActorHandle, requests: list[EpisodeRequest]) -> ray.ObjectRef:
-        """Start ``sampler.collect(requests)``; returns its ref (keep it for ``resubmit`` and ``finish``)."""
-        ref = sampler.collect.remote(requests)
-        self.calls[ref] = Dispatch(sampler, requests)
-        return ref
+        """Start ``sampler.collect(requests)``; returns the call's ref (its first trajectory's, which is ready when
+        they all are): wait on it, read the trajectories' refs with ``returns``, keep it for ``resubmit`` and
+        ``finish``."""
+        returns = start_collect(sampler, requests)
+        self.calls[returns[0]] = Dispatch(sampler, requests, returns)
+        return returns[0]
+
+    def returns(self, ref: ray.ObjectRef) -> list[ray.ObjectRef]:
+        """The trajectory refs of the collect call ``ref``, one per request, in order."""
+        return self.calls[ref].returns
 
     def finish(self, ref: ray.ObjectRef) -> None:
         """Forget a collect call whose trajectories are in hand."""

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import ray
 import structlog
 import torch
+
 from agentgym_rl.actors.chat import ChatFormat
 from agentgym_rl.actors.cluster import env_request, has_room, start_env_actor
 from agentgym_rl.actors.engines import Generation, make_engine
@@ -146,8 +147,11 @@ class SamplerActor:
             **{f"engine_{name}": value for name, value in self.engine.stats.items()},
         }
 
-    async def collect(self, requests: list[EpisodeRequest]) -> list[ray.ObjectRef]:
-        """Play one episode per request concurrently; return the trajectories as ObjectRefs, in order.
+    async def collect(self, requests: list[EpisodeRequest]) -> Trajectory | tuple[Trajectory, ...]:
+        """Play one episode per request concurrently; one return value per request, in order.
+
+        Call it through ``start_collect``, which sets ``num_returns`` to the number of requests: each
+        trajectory is then its own object, stored once and owned by the caller, so it outlives this sampler.
 
         Raises:
             RuntimeError: no horizon has been pushed by the curriculum yet.
@@ -160,7 +164,7 @@ class SamplerActor:
             await asyncio.gather(*(self._started(env) for env in self.envs))
             self.instruction = await self._instruction()
         trajectories = await asyncio.gather(*(self._play(request, horizon) for request in requests))
-        return [ray.put(trajectory) for trajectory in trajectories]
+        return trajectories[0] if len(trajectories) == 1 else tuple(trajectories)
 
     async def _env_call(self, ref: ray.ObjectRef):
         """Await one env actor call for at most ``sampler.env_timeout_s`` (TimeoutError beyond it)."""
@@ -366,3 +370,10 @@ class SamplerActor:
                 future.set_result((result, version))
             if self.pending:
                 self.wake.set()
+
+
+def start_collect(sampler: ray.actor.ActorHandle, requests: list[EpisodeRequest]) -> list[ray.ObjectRef]:
+    """Start ``sampler.collect(requests)``; returns one ref per request, in order. Every episode a run plays
+    is stored this way: once, as a return value of the call, owned by the caller."""
+    refs = sampler.collect.options(num_returns=len(requests)).remote(requests)
+    return [refs] if len(requests) == 1 else list(refs)

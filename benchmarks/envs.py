@@ -31,6 +31,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
 import httpx
 import ray
+
 from agentgym_rl import envs
 from agentgym_rl.envs.actor import create_env_actor
 from agentgym_rl.envs.base import EnvError, TextEnv

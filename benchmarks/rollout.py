@@ -47,10 +47,11 @@ sys.path[:] = [str(REPO)] + [p for p in sys.path if os.path.abspath(p or os.curd
 
 import ray
 import torch
+
 from agentgym_rl.actors.cluster import init_ray
 from agentgym_rl.actors.engines import make_engine
 from agentgym_rl.actors.models import load_model, load_tokenizer, resolve_dtype
-from agentgym_rl.actors.sampler import EpisodeRequest, SamplerActor
+from agentgym_rl.actors.sampler import EpisodeRequest, SamplerActor, start_collect
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.actors.weights import pack_state_dict
 from agentgym_rl.configs import Config, load_config
@@ -93,13 +94,13 @@ def rollout(
     )
     ray.get(sampler.set_horizon.remote(horizon))
     warm = [EpisodeRequest(task_id=tasks[0], group=0, seed=1)]
-    ray.get(ray.get(sampler.collect.remote(warm)))  # model load, first-call overheads
+    ray.get(start_collect(sampler, warm))  # model load, first-call overheads
     before = ray.get(sampler.state.remote())
     requests = [EpisodeRequest(task_id=t, group=g, seed=episode_seed(0, 0, g, 0)) for g, t in enumerate(tasks)]
     best, stats, trajectories = float("inf"), {}, []
     for _ in range(repeats):
         started = time.perf_counter()
-        trajectories = ray.get(ray.get(sampler.collect.remote(requests)))
+        trajectories = ray.get(start_collect(sampler, requests))
         seconds = time.perf_counter() - started
         after = ray.get(sampler.state.remote())
         if seconds < best:

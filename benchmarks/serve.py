@@ -28,6 +28,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
 import httpx
+
 from agentgym_rl.actors.chat import ChatFormat
 from agentgym_rl.actors.cluster import init_ray
 from agentgym_rl.actors.engines import make_engine

@@ -8,8 +8,10 @@ from typing import Any
 
 import structlog
 import yaml
-from agentgym_rl.configs.schema import AlgorithmConfig, Config
 from pydantic import ValidationError
+
+from agentgym_rl.configs.errors import AgentGymError
+from agentgym_rl.configs.schema import AlgorithmConfig, Config
 
 log = structlog.get_logger()
 
@@ -17,7 +19,7 @@ PRESET_DIR = Path(__file__).resolve().parent
 DEFAULT_PRESET = "quickstart.yaml"
 
 
-class ConfigError(ValueError):
+class ConfigError(AgentGymError, ValueError):
     """A config that cannot be used; the message names the offending key and what to do."""
 
 

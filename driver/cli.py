@@ -15,10 +15,11 @@ if not os.environ.get("RAY_ADDRESS"):
 
 import pydantic
 import structlog
+
+from agentgym_rl.actors.cluster import stop_on_signals, stopped
 from agentgym_rl.actors.logs import configure_logging
-from agentgym_rl.actors.models import ModelError
-from agentgym_rl.configs import ConfigError
-from agentgym_rl.driver.errors import TrainError
+from agentgym_rl.configs.errors import AgentGymError
+from agentgym_rl.configs.loader import format_validation_error
 from agentgym_rl.driver.run import prepare_run, train
 from agentgym_rl.envs import EnvError, env_class, make, names
 from agentgym_rl.envs.http.cli import add_server_arguments, run_server
@@ -32,7 +33,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     configure_logging(config.logging.level)
     envs = [entry.name for entry in config.envs] or config.env.name
     log.info("run directory", path=str(run_dir.path), model=config.model.name, env=envs)
-    last = train(config, run_dir, resume=bool(args.resume))
+    stop_on_signals()
+    try:
+        last = train(config, run_dir, resume=bool(args.resume))
+    except KeyboardInterrupt as interrupt:
+        stop = stopped(interrupt)
+        print(
+            f"agentgym-rl: stopped by {stop.signal_name}; the run directory keeps every finished checkpoint. "
+            f"Continue with: agentgym-rl train --resume {run_dir.path}",
+            file=sys.stderr,
+        )
+        return stop.exit_code
     if last:
         print(
             f"finished iteration {last['iteration']}: success_rate={last['success_rate']:.3f} "
@@ -43,25 +54,17 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_view(args: argparse.Namespace) -> int:
     # Imported here: the viewer pulls in FastAPI and uvicorn, which train and envs never need.
-    from agentgym_rl.serve.viewer import ViewerError, serve_viewer
+    from agentgym_rl.serve.viewer import serve_viewer
 
-    try:
-        serve_viewer(Path(args.run_dir), host=args.host, port=args.port)
-    except ViewerError as exc:
-        print(f"agentgym-rl: error: {exc}", file=sys.stderr)
-        return 2
+    serve_viewer(Path(args.run_dir), host=args.host, port=args.port)
     return 0
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
     # Imported here: only plot needs matplotlib.
-    from agentgym_rl.driver.plot import PlotError, parse_run_arguments, plot_runs
+    from agentgym_rl.driver.plot import parse_run_arguments, plot_runs
 
-    try:
-        output = plot_runs(parse_run_arguments(args.runs), Path(args.output), smooth=args.smooth, title=args.title)
-    except PlotError as exc:
-        print(f"agentgym-rl: error: {exc}", file=sys.stderr)
-        return 2
+    output = plot_runs(parse_run_arguments(args.runs), Path(args.output), smooth=args.smooth, title=args.title)
     print(f"wrote {output}")
     return 0
 
@@ -83,13 +86,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     envs = list(dict.fromkeys(args.env))
     if len(envs) > 1 and args.output is not None:
-        print(
-            f"agentgym-rl: error: --output names one report, but {len(envs)} envs are evaluated; leave it out and "
-            "each env's report goes to its default path (<run>/eval/<env>-<split>-<iter>.json or ./eval/)",
-            file=sys.stderr,
+        raise EvalError(
+            f"--output names one report, but {len(envs)} envs are evaluated; leave it out and "
+            "each env's report goes to its default path (<run>/eval/<env>-<split>-<iter>.json or ./eval/)"
         )
-        return 2
     configure_logging("info")
+    # Stopped part-way, an eval keeps the reports of the envs it finished.
+    stop_on_signals()
     for env in envs:
         try:
             options = EvalOptions(
@@ -106,10 +109,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 config=args.config,
                 overrides=args.set,
             )
-            report, path = run_eval(options)
-        except (EvalError, pydantic.ValidationError) as exc:
-            print(f"agentgym-rl: error: {exc}", file=sys.stderr)
-            return 2
+        except pydantic.ValidationError as exc:
+            raise EvalError(format_validation_error(exc, "eval options")) from None
+        report, path = run_eval(options)
         print(f"{env} ({options.split}, {options.samples} episode(s) per task, at most {report['max_turns']} turns)")
         print(format_table(report))
         print(f"report: {path}")
@@ -118,13 +120,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     # Imported here: like eval, only compare needs the evaluation module.
-    from agentgym_rl.driver.compare import CompareError, compare_reports, format_comparison, load_report
+    from agentgym_rl.driver.compare import compare_reports, format_comparison, load_report
 
-    try:
-        comparison = compare_reports(load_report(Path(args.a)), load_report(Path(args.b)))
-    except CompareError as exc:
-        print(f"agentgym-rl: error: {exc}", file=sys.stderr)
-        return 2
+    comparison = compare_reports(load_report(Path(args.a)), load_report(Path(args.b)))
     print(format_comparison(comparison))
     if args.output is not None:
         output = Path(args.output)
@@ -136,20 +134,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_data(args: argparse.Namespace) -> int:
     # Imported here: only the data commands need the export format.
-    from agentgym_rl.driver.data import DataError, export_run, import_episodes
+    from agentgym_rl.driver.data import export_run, import_episodes
 
-    try:
-        if args.data_command == "export":
-            run_dir = Path(args.run_dir)
-            output = Path(args.output) if args.output else run_dir / "export.jsonl"
-            count = export_run(run_dir, output)
-            print(f"exported {count} episodes to {output}")
-        else:
-            count = import_episodes(Path(args.file), Path(args.run_dir), args.model)
-            print(f"imported {count} episodes into {Path(args.run_dir) / 'trajectories'}")
-    except DataError as exc:
-        print(f"agentgym-rl: error: {exc}", file=sys.stderr)
-        return 2
+    if args.data_command == "export":
+        run_dir = Path(args.run_dir)
+        output = Path(args.output) if args.output else run_dir / "export.jsonl"
+        count = export_run(run_dir, output)
+        print(f"exported {count} episodes to {output}")
+    else:
+        count = import_episodes(Path(args.file), Path(args.run_dir), args.model)
+        print(f"imported {count} episodes into {Path(args.run_dir) / 'trajectories'}")
     return 0
 
 
@@ -291,12 +285,22 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, TrainError, ModelError, EnvError) as exc:
-        print(f"agentgym-rl: error: {exc}", file=sys.stderr)
+    except AgentGymError as exc:
+        print(f"agentgym-rl: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("agentgym-rl: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as interrupt:
+        stop = stopped(interrupt)
+        print(f"agentgym-rl: stopped by {stop.signal_name}", file=sys.stderr)
+        return stop.exit_code
+
+
+def one_line(message: str) -> str:
+    """``message`` on one line: a config error's per-key lines follow its heading, joined by ``;``."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if len(lines) < 2:
+        return message.strip()
+    head, rest = lines[0], lines[1:]
+    return f"{head} {'; '.join(rest)}" if head.endswith(":") else "; ".join(lines)
 
 
 if __name__ == "__main__":

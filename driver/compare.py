@@ -14,15 +14,17 @@ import json
 import math
 from pathlib import Path
 
-from agentgym_rl.driver.evaluate import Z_95, EpisodeResult, mean_interval, wilson_interval
 from pydantic import ValidationError
+
+from agentgym_rl.configs.errors import AgentGymError
+from agentgym_rl.driver.evaluate import Z_95, EpisodeResult, mean_interval, wilson_interval
 
 # Settings that change what an episode is; two reports must agree on them to be paired.
 PAIRED_SETTINGS = ("env", "split", "max_turns", "temperature")
 REPORT_KEYS = ("name", "policy", *PAIRED_SETTINGS, "results")
 
 
-class CompareError(ValueError):
+class CompareError(AgentGymError, ValueError):
     """Two reports that cannot be compared; the message names the report, what differs and what to do."""
 
 

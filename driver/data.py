@@ -17,14 +17,16 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
 from agentgym_rl.actors.chat import ChatFormat
 from agentgym_rl.actors.models import load_tokenizer
 from agentgym_rl.actors.rundir import RunDir
 from agentgym_rl.actors.trajectory import Trajectory
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from agentgym_rl.configs.errors import AgentGymError
 
 
-class DataError(ValueError):
+class DataError(AgentGymError, ValueError):
     """Trajectory data that cannot be read or written; the message names the file and line."""
 
 

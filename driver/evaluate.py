@@ -12,24 +12,23 @@ import math
 import re
 from collections import defaultdict
 from collections.abc import Sequence
-from functools import cache
 from pathlib import Path
 
 import numpy as np
 import ray
 import structlog
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from scipy import stats
+
 from agentgym_rl.actors.cluster import init_ray
 from agentgym_rl.actors.models import model_dir
 from agentgym_rl.actors.rundir import CONFIG_FILE, POLICY_DIR, RunDir
-from agentgym_rl.actors.sampler import EpisodeRequest, SamplerActor
+from agentgym_rl.actors.sampler import EpisodeRequest, SamplerActor, start_collect
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.configs import Config, ConfigError, load_config
+from agentgym_rl.configs.errors import AgentGymError
 from agentgym_rl.configs.loader import apply_override, format_validation_error
-from agentgym_rl.envs import TextEnv, env_class, make
-from agentgym_rl.envs.babyai import LEVELS
-from agentgym_rl.envs.textcraft import RecipeBook, goals, recipe_book
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from scipy import stats
+from agentgym_rl.envs import env_class, make
 
 log = structlog.get_logger()
 
@@ -37,7 +36,7 @@ DEFAULT_TEMPERATURE = 1.0
 Z_95 = 1.959963984540054  # standard normal quantile of 0.975
 
 
-class EvalError(ValueError):
+class EvalError(AgentGymError, ValueError):
     """An evaluation that cannot run; the message names the bad argument and what to do."""
 
 
@@ -86,9 +85,9 @@ class EpisodeResult(BaseModel):
     task_id: int
     sample: int = Field(description="Index of this episode among the task's samples.")
     seed: int = Field(description="Seed of the episode's sampling stream (`episode_seeds`); pairs episodes in compare.")
-    category: str = Field(description="Task category (BabyAI level, SciWorld task, TextCraft depth, search hops).")
+    category: str = Field(description="Task category: the env's `task_category` (BabyAI level, TextCraft depth, ...).")
     success: bool
-    score: float = Field(description="Outcome score: the reward, on 0-100 for SciWorld.")
+    score: float = Field(description="Outcome score: the env's `episode_score` of the reward (0-100 for SciWorld).")
     turns: int
     truncated: bool
     failed: bool = Field(False, description="The env failed (died or timed out); counted as unsuccessful.")
@@ -137,21 +136,7 @@ def summarize_by_category(results: Sequence[EpisodeResult], k: int) -> dict[str,
     return {name: summarize(groups[name], k) for name in sorted(groups)}
 
 
-# ----------------------------------------------------------------------------- categories and scores
-
-
-def crafting_depth(book: RecipeBook, item: str) -> int:
-    """Crafting steps on the longest ingredient chain below ``item`` along its shallowest recipes (base: 0)."""
-    return _depth(book, item, frozenset())
-
-
-def _depth(book: RecipeBook, item: str, path: frozenset[str]) -> int:
-    makers = [item] if item in book.recipes else book.members(item)
-    recipes = [recipe for maker in makers for recipe in book.recipes.get(maker, [])]
-    if not recipes or item in path:
-        return 0
-    below = path | {item}
-    return min(1 + max(_depth(book, name, below) for name, _ in recipe.inputs) for recipe in recipes)
+# ----------------------------------------------------------------------------- turn limits and tasks
 
 
 def eval_turn_limit(env_name: str, max_turns: int | None) -> int:
@@ -166,34 +151,6 @@ def eval_turn_limit(env_name: str, max_turns: int | None) -> int:
     if limit is None:
         raise EvalError(f"env {env_name!r} has no published turn limit; pass --max-turns N")
     return limit
-
-
-@cache
-def _textcraft_depths() -> tuple[int, ...]:
-    book = recipe_book()
-    return tuple(crafting_depth(book, goal) for goal in goals())
-
-
-def task_category(env: TextEnv, task_id: int) -> str:
-    """The category a task is reported under: BabyAI level, SciWorld task name, TextCraft crafting
-    depth, Deep Search hop count; ``all`` for envs without categories."""
-    if env.name == "babyai":
-        return LEVELS[task_id % len(LEVELS)]
-    if env.name == "sciworld":
-        return env.locate(task_id)[0]
-    if env.name == "textcraft":
-        return f"depth {_textcraft_depths()[task_id]}"
-    if env.name == "search":
-        return f"{len(env.questions[task_id].hops)} hops"
-    return "all"
-
-
-def episode_score(trajectory: Trajectory) -> float:
-    """The episode's score: its reward; SciWorld's is 0-100 (its rewards are score changes / 100),
-    with a failed task (simulator score -100) counted as 0."""
-    if trajectory.env == "sciworld":
-        return max(0.0, round(100 * trajectory.reward, 6))
-    return trajectory.reward
 
 
 def pick_tasks(tasks: Sequence[int], episodes: int | None) -> list[int]:
@@ -311,13 +268,14 @@ def play(config: Config, tasks: list[int], samples: int, max_turns: int) -> list
     for group, task_id in enumerate(tasks):
         seeds.append(episode_seeds(config.run.seed, task_id, samples))
         requests = [EpisodeRequest(task_id=task_id, group=group, seed=seed) for seed in seeds[-1]]
-        calls.append(samplers[group % len(samplers)].collect.remote(requests))
+        calls.append(start_collect(samplers[group % len(samplers)], requests))
     # Tasks finish in any order; the log reports progress about every tenth of them.
+    returns = {refs[0]: refs for refs in calls}
     played: dict[ray.ObjectRef, list[Trajectory]] = {}
-    waiting, every, successes = list(calls), max(len(calls) // 10, 1), 0
+    waiting, every, successes = list(returns), max(len(calls) // 10, 1), 0
     while waiting:
         ready, waiting = ray.wait(waiting, num_returns=1)
-        played[ready[0]] = ray.get(ray.get(ready[0]))
+        played[ready[0]] = ray.get(returns[ready[0]])
         successes += sum(t.success for t in played[ready[0]])
         if len(played) % every == 0 or not waiting:
             episodes = len(played) * samples
@@ -325,8 +283,8 @@ def play(config: Config, tasks: list[int], samples: int, max_turns: int) -> list
     # collect returns a call's trajectories in the order of its requests, so they line up with its seeds.
     return [
         pair
-        for call, task_seeds in zip(calls, seeds, strict=True)
-        for pair in zip(task_seeds, played[call], strict=True)
+        for refs, task_seeds in zip(calls, seeds, strict=True)
+        for pair in zip(task_seeds, played[refs[0]], strict=True)
     ]
 
 
@@ -361,9 +319,9 @@ def run_eval(options: EvalOptions) -> tuple[dict, Path]:
                     task_id=trajectory.task_id,
                     sample=per_task[trajectory.task_id],
                     seed=seed,
-                    category=task_category(env, trajectory.task_id),
+                    category=env.task_category(trajectory.task_id),
                     success=trajectory.success,
-                    score=episode_score(trajectory),
+                    score=env.episode_score(trajectory.reward),
                     turns=trajectory.num_turns,
                     truncated=trajectory.truncated,
                     failed=trajectory.failed,

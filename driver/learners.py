@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 
 import ray
+
 from agentgym_rl.configs import Config
 from agentgym_rl.learner.actor import LearnerActor
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ray
+
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.learner.algorithms import Algorithm
 
@@ -47,5 +48,6 @@ def group_metrics(algorithm: Algorithm, trajectories: list[Trajectory]) -> dict[
 
 
 def pool_metrics(per_pool: list[dict[str, float]]) -> dict[str, float]:
-    """The run's ``pool/*`` metrics: each key summed over the envs' pools."""
-    return {key: sum(metrics[key] for metrics in per_pool) for key in per_pool[0]}
+    """The run's ``pool/*`` metrics: each key summed over the envs' pools (none in a run without samplers)."""
+    keys = per_pool[0] if per_pool else {}
+    return {key: sum(metrics[key] for metrics in per_pool) for key in keys}

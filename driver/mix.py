@@ -15,6 +15,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING
 
 import numpy as np
+
 from agentgym_rl.configs import Config, ConfigError
 from agentgym_rl.configs.schema import EnvConfig, MixEntry
 from agentgym_rl.envs import EnvError, env_class

@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 
 from agentgym_rl.actors.rundir import METRICS_FILE
+from agentgym_rl.configs.errors import AgentGymError
 
 
-class PlotError(ValueError):
+class PlotError(AgentGymError, ValueError):
     """A run that cannot be plotted; the message names the file and the problem."""
 
 

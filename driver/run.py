@@ -6,19 +6,30 @@ import time
 from pathlib import Path
 
 import ray
+
 from agentgym_rl.actors.chat import ChatFormat
-from agentgym_rl.actors.cluster import init_ray
+from agentgym_rl.actors.cluster import SHUTDOWN_GRACE_S, deadline, init_ray
 from agentgym_rl.actors.models import load_tokenizer
 from agentgym_rl.actors.rundir import CONFIG_FILE, RunDir
 from agentgym_rl.configs import Config, ConfigError, load_config
+from agentgym_rl.driver.errors import TrainError
 from agentgym_rl.driver.mix import check_envs
 from agentgym_rl.driver.modes.agentevol import AgentEvolTrainer
 from agentgym_rl.driver.modes.asynchronous import AsyncTrainer
 from agentgym_rl.driver.modes.offline import OfflineTrainer
+from agentgym_rl.driver.modes.sync import SyncTrainer
 from agentgym_rl.driver.needs import plan_run
-from agentgym_rl.driver.trainer import Trainer, TrainError
+from agentgym_rl.driver.trainer import Trainer
 from agentgym_rl.driver.warm_start import run_warm_start
 from agentgym_rl.learner.algorithms import AlgorithmConfigError, build_algorithm, resolve_algorithm
+
+# trainer.mode -> the Trainer that runs it
+MODES: dict[str, type[Trainer]] = {
+    "sync": SyncTrainer,
+    "async": AsyncTrainer,
+    "offline": OfflineTrainer,
+    "agentevol": AgentEvolTrainer,
+}
 
 
 def algorithm_keys(name: str) -> set[str] | None:
@@ -92,12 +103,7 @@ def train(config: Config, run_dir: RunDir, *, resume: bool = False) -> dict:
             policy = run_warm_start(config, run_dir)
             config = config.model_copy(deep=True)
             config.model.name = str(policy)
-        if config.trainer.mode == "async":
-            return AsyncTrainer(config, run_dir, resume=resume).run()
-        if config.trainer.mode == "offline":
-            return OfflineTrainer(config, run_dir, resume=resume).run()
-        if config.trainer.mode == "agentevol":
-            return AgentEvolTrainer(config, run_dir, resume=resume).run()
-        return Trainer(config, run_dir, resume=resume).run()
+        return MODES[config.trainer.mode](config, run_dir, resume=resume).run()
     finally:
-        ray.shutdown()
+        with deadline(SHUTDOWN_GRACE_S, "the shutdown of Ray", exit_code=1):
+            ray.shutdown()

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import structlog
+
 from agentgym_rl.actors.rundir import RunDir
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.configs import Config
@@ -82,8 +83,8 @@ class WandbTracker:
             for key, value in record.items()
             if isinstance(value, int | float) and not isinstance(value, bool) and key != "iteration"
         }
-        horizon = int(record["horizon"])
-        if horizon != self.horizon:
+        horizon = record.get("horizon")  # none in offline mode, which plays no episodes
+        if horizon is not None and horizon != self.horizon:
             data["curriculum/horizon_change"] = horizon
             self.run.summary[f"curriculum/horizon_from_iteration_{iteration}"] = horizon
             self.horizon = horizon

@@ -1,16 +1,22 @@
-"""The driver loop: rollout on samplers, update on the learner, sync weights, record the run."""
+"""The one training loop: start-up, the session (serve, progress, W&B), recording, checkpoints and their
+retention, learner restarts and resume, for every mode; a mode (``driver.modes``) supplies what one iteration
+does (``Trainer.step``)."""
 
 from __future__ import annotations
 
 import json
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import ray
 import structlog
+from pydantic import ValidationError
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
 from agentgym_rl.actors.models import model_dir
 from agentgym_rl.actors.pools import PoolError, SamplerPool, sampler_lost
 from agentgym_rl.actors.rundir import TRAINER_STATE, RunDir
@@ -20,15 +26,13 @@ from agentgym_rl.configs import Config
 from agentgym_rl.configs.schema import MixEntry
 from agentgym_rl.driver.errors import LearnerLost, TrainError
 from agentgym_rl.driver.learners import start_learners, total_updates
-from agentgym_rl.driver.metrics import group_metrics, informative_groups, pool_metrics, rollout_metrics, split_failed
+from agentgym_rl.driver.metrics import informative_groups, pool_metrics, rollout_metrics
 from agentgym_rl.driver.mix import EnvSlot, apportion, env_metrics, env_run_config, mix_entries, schedule_seed
 from agentgym_rl.driver.needs import plan_run
 from agentgym_rl.driver.tasks import TaskSchedule, episode_seed
 from agentgym_rl.driver.tracking import WandbTracker, select_trajectories, wandb_tracker
 from agentgym_rl.envs import EnvError, TextEnv, make
 from agentgym_rl.learner.algorithms import Algorithm, build_algorithm
-from pydantic import ValidationError
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 log = structlog.get_logger()
 
@@ -42,8 +46,18 @@ class Display:
     tracker: WandbTracker | None
 
 
-class Trainer:
-    """Creates the actors of one run and drives its iterations.
+@dataclass
+class Step:
+    """What one iteration produced, for the trainer to record."""
+
+    record: dict  # the metrics line: at least iteration, success_rate, mean_reward, time/iteration_s
+    trajectories: list[Trajectory]  # the episodes written to trajectories/ and shown in W&B
+    reports: list[dict]  # each env's rollout metrics, in env order, for its curriculum (none without samplers)
+    log_fields: dict = field(default_factory=dict)  # extra fields of the "iteration done" log line
+
+
+class Trainer(ABC):
+    """Creates the actors of one run and drives its iterations; each mode overrides ``step`` (and ``prepare``).
 
     Args:
         config: the resolved run config.
@@ -59,6 +73,8 @@ class Trainer:
         self.weights_version = 0
         self.learner_restarts = 0
         self.policy_server = None  # the Serve model deployment's handle when serve.enabled
+        self.learners: list[ray.actor.ActorHandle] = []
+        self.slots: list[EnvSlot] = []  # each env's task draw and sampler pool, once the actors started
         # The driver's own instance: which task groups the learner would skip (dynamic sampling, metrics).
         self.algorithm = build_algorithm(config.algorithm.name, config.algorithm.model_extra or {})
 
@@ -159,31 +175,28 @@ class Trainer:
         return state["iterations_done"]
 
     def _env_states(self) -> dict:
-        """Each env's task draw and curriculum state as a checkpoint stores them: ``task_schedule`` and
-        ``curriculum`` for a one-env run (the format from before ``envs``), ``envs.<name>.*`` for a mix."""
+        """Each env's task draw and curriculum state as a checkpoint stores them: ``envs.<name>.task_schedule``
+        and ``envs.<name>.curriculum``."""
         curricula = ray.get([slot.pool.curriculum.state.remote() for slot in self.slots])
         states = {
             slot.name: {"task_schedule": slot.schedule.state(), "curriculum": curriculum}
             for slot, curriculum in zip(self.slots, curricula, strict=True)
         }
-        return {"envs": states} if self.mixed else states[self.slots[0].name]
+        return {"envs": states}
 
     def _load_env_states(self, state: dict) -> None:
         """Restore what ``_env_states`` stored (pushing the restored horizons to the samplers).
 
         Raises:
-            TrainError: the checkpoint lacks an env of this run's mix (or is a one-env checkpoint).
+            TrainError: the checkpoint lacks an env of this run.
         """
-        if not self.mixed:
-            states = {self.slots[0].name: state}
-        else:
-            states = state.get("envs", {})
-            missing = [slot.name for slot in self.slots if slot.name not in states]
-            if missing:
-                raise TrainError(
-                    f"the checkpoint holds no task draw or curriculum for env(s) {missing} (it has "
-                    f"{sorted(states) or 'a one-env run'}); resume with the envs the run was started with"
-                )
+        states = state["envs"]
+        missing = [slot.name for slot in self.slots if slot.name not in states]
+        if missing:
+            raise TrainError(
+                f"the checkpoint holds no task draw or curriculum for env(s) {missing} (it has {sorted(states)}); "
+                "resume with the envs the run was started with"
+            )
         for slot in self.slots:
             slot.schedule.load_state(states[slot.name]["task_schedule"])
         ray.get([slot.pool.curriculum.load_state.remote(states[slot.name]["curriculum"]) for slot in self.slots])
@@ -252,6 +265,10 @@ class Trainer:
         self.policy_server = None
 
     def _sync_weights(self, iteration: int | None = None) -> float:
+        """Publish the learner's weights to every sampler and the serving endpoint; returns the seconds it took
+        (0 where nobody reads them: offline mode without ``serve.enabled``)."""
+        if not self.slots and self.policy_server is None:
+            return 0.0
         started = time.perf_counter()
         try:
             payload_ref = ray.get(self.learner.publish_weights.remote())
@@ -303,11 +320,12 @@ class Trainer:
         return pending
 
     def _launch_groups(
-        self, iteration: int, tasks: list[list[int]], first_group: int
+        self, iteration: int, tasks: list[list[int]], first_group: int, group_size: int | None = None
     ) -> dict[ray.ObjectRef, tuple[int, int]]:
-        """Start ``group_size`` episodes of each of ``tasks[i]`` (env i's tasks) on env i's samplers, groups
-        numbered from ``first_group`` on; returns each collect call's (env index, group)."""
-        group_size = self.config.algorithm.group_size
+        """Start ``group_size`` episodes (default: ``algorithm.group_size``) of each of ``tasks[i]`` (env i's tasks)
+        on env i's samplers, groups numbered from ``first_group`` on; returns each collect call's (env index,
+        group). Every episode of a run reaches a sampler through here."""
+        group_size = group_size or self.config.algorithm.group_size
         pending = {}
         group = first_group
         for index, (slot, env_tasks) in enumerate(zip(self.slots, tasks, strict=True)):
@@ -373,9 +391,9 @@ class Trainer:
             call = ready[0]
             index, group = calls[call]
             pool = self.slots[index].pool
+            refs = pool.returns(call)
             try:
-                # The sampler owns these objects: fetch them now, while it is alive.
-                trajectories = ray.get(ray.get(call))
+                trajectories = ray.get(refs)
             except ray.exceptions.RayError as exc:
                 if not sampler_lost(exc):
                     raise
@@ -387,8 +405,9 @@ class Trainer:
                 waiting.append(retry)
                 continue
             pool.finish(call)
-            # Owned by the driver from here on, so the learner reads them whatever becomes of the sampler.
-            by_group[group] = ([ray.put(t) for t in trajectories], trajectories)
+            # The call's return values, owned by this process: the learner reads these very objects, whatever
+            # becomes of the sampler, and no trajectory is stored twice.
+            by_group[group] = (refs, trajectories)
             if bar is not None:
                 progress.advance(bar, group_size)
         if bar is not None:
@@ -422,10 +441,18 @@ class Trainer:
         return reports, keys
 
     def _update(self, refs: list[ray.ObjectRef]) -> dict:
-        """Train every learner on ``refs``; a dead learner ends the run with a message (or, with
-        ``trainer.on_learner_failure=restart``, raises ``LearnerLost``), never a hang."""
+        """Train every learner on ``refs``; returns rank 0's metrics (see ``_finish_update``)."""
+        return self._finish_update(self._start_update(refs))
+
+    def _start_update(self, refs: list[ray.ObjectRef]) -> list[ray.ObjectRef]:
+        """Start every learner's update on ``refs``; returns the calls for ``_finish_update``."""
+        return [lr.update.remote(refs) for lr in self.learners]
+
+    def _finish_update(self, calls: list[ray.ObjectRef]) -> dict:
+        """Wait for ``_start_update``'s calls; returns rank 0's metrics. A dead learner ends the run with a message
+        (or, with ``trainer.on_learner_failure=restart``, raises ``LearnerLost``), never a hang."""
         try:
-            return ray.get([lr.update.remote(refs) for lr in self.learners])[0]
+            return ray.get(calls)[0]
         except ray.exceptions.RayActorError as exc:
             raise self._learner_died("the update", exc) from exc
 
@@ -479,37 +506,39 @@ class Trainer:
         if self.policy_server is not None:
             self._stop_serving()
 
-    def _record(
-        self, display: Display, record: dict, trajectories: list[Trajectory], reports: list[dict], **log_fields
-    ) -> None:
-        """Write one finished iteration: trajectories, metrics line, each env's curriculum report (``reports``,
-        in env order), tracker, log, progress."""
+    def _record(self, display: Display, step: Step) -> None:
+        """Write one finished iteration: trajectories, metrics line, each env's curriculum report, tracker, log,
+        progress."""
         cfg = self.config
+        record = step.record
         iteration = record["iteration"]
         record.update(pool_metrics([slot.pool.metrics(iteration) for slot in self.slots]))
         record["learner/restarts"] = float(self.learner_restarts)
-        kept = select_trajectories(trajectories, cfg.logging.max_trajectories_per_iteration, cfg.run.seed, iteration)
+        kept = select_trajectories(
+            step.trajectories, cfg.logging.max_trajectories_per_iteration, cfg.run.seed, iteration
+        )
         self.run_dir.write_trajectories(iteration, kept)
         self.run_dir.append_metrics(record)
         # the adaptive curriculum decides here; its advance applies from a later iteration
-        ray.get([slot.pool.curriculum.report.remote(iteration, r) for slot, r in zip(self.slots, reports, strict=True)])
+        ray.get(
+            [slot.pool.curriculum.report.remote(iteration, r) for slot, r in zip(self.slots, step.reports, strict=True)]
+        )
         if display.tracker is not None:
-            display.tracker.log_iteration(record, trajectories)
+            display.tracker.log_iteration(record, step.trajectories)
         log.info(
             "iteration done",
-            horizon=record["horizon"],
+            horizon=record.get("horizon"),
             success_rate=round(record["success_rate"], 3),
             mean_reward=round(record["mean_reward"], 3),
             loss=round(record.get("learner/loss", 0.0), 5),
             seconds=round(record["time/iteration_s"], 1),
-            **log_fields,
+            **step.log_fields,
         )
         if display.overall is not None:
-            display.progress.update(
-                display.overall,
-                advance=1,
-                status=f"success {record['success_rate']:.2f} horizon {record['horizon']}",
-            )
+            status = f"success {record['success_rate']:.2f}"
+            if "horizon" in record:
+                status += f" horizon {record['horizon']}"
+            display.progress.update(display.overall, advance=1, status=status)
 
     def run(self) -> dict:
         """Train to ``trainer.iterations``; returns the last iteration's metrics."""
@@ -517,51 +546,32 @@ class Trainer:
         last: dict = {}
         with self._session() as display:
             iteration = self.start_iteration
+            self.prepare(iteration)
             while iteration < cfg.trainer.iterations:
+                structlog.contextvars.bind_contextvars(iteration=iteration)
                 try:
-                    last = self._iteration(iteration, display)
+                    step = self.step(iteration, display)
+                    self._record(display, step)
+                    done = iteration + 1
+                    if done % cfg.trainer.checkpoint_every == 0 or done == cfg.trainer.iterations:
+                        self._checkpoint(done)
                 except LearnerLost as lost:
                     iteration = self._restart_learners(lost)
+                    self.prepare(iteration)
                     if display.overall is not None:
                         display.progress.update(display.overall, completed=iteration)
                     continue
-                iteration += 1
+                last = step.record
+                iteration = done
         return last
 
-    def _iteration(self, iteration: int, display: Display) -> dict:
-        """Play, train and record ``iteration`` (and checkpoint when one is due); returns its metrics."""
-        cfg = self.config
-        structlog.contextvars.bind_contextvars(iteration=iteration)
-        started = time.perf_counter()
-        horizons = self._start_horizons(iteration)
-        refs, trajectories = self._rollout(iteration, display.progress)
-        sampling: dict[str, float] = {}
-        if cfg.trainer.dynamic_sampling.enabled:
-            refs, trajectories, sampling = self._refill(iteration, refs, trajectories, display.progress)
-        reports, env_keys = self._env_reports(trajectories, horizons)
-        refs, trajectories, failed = split_failed(refs, trajectories)
-        rollout_s = time.perf_counter() - started
-        learner_metrics = self._update(refs) if refs else {}
-        # No optimizer step (e.g. every group uninformative): the samplers already have these weights.
-        sync_s = self._sync_weights(iteration) if learner_metrics.get("learner/optimizer_steps") else 0.0
-        record = {
-            "iteration": iteration,
-            "horizon": max(horizons),
-            "weights_version": self.weights_version,
-            **rollout_metrics(trajectories, failed),
-            **group_metrics(self.algorithm, trajectories),
-            **sampling,
-            **env_keys,
-            **learner_metrics,
-            "time/rollout_s": rollout_s,
-            "time/sync_s": sync_s,
-            "time/iteration_s": time.perf_counter() - started,
-        }
-        self._record(display, record, trajectories, reports)
-        done = iteration + 1
-        if done % cfg.trainer.checkpoint_every == 0 or done == cfg.trainer.iterations:
-            self._checkpoint(done)
-        return record
+    def prepare(self, iteration: int) -> None:
+        """Called before the first ``step`` (``iteration``: where the run starts or resumes) and again after the
+        learners were restarted back to ``iteration``; a mode sets up the state its steps carry across iterations."""
+
+    @abstractmethod
+    def step(self, iteration: int, display: Display) -> Step:
+        """Play and train one iteration (the mode's work); the trainer records and checkpoints it."""
 
     def stop_actors(self) -> None:
         """Kill this run's actors; the env actors go with the samplers that own them."""
@@ -579,5 +589,3 @@ def warn_without_state_keys(algorithm: Algorithm, env: TextEnv, name: str) -> No
             algorithm=type(algorithm).__name__,
             fix="implement TextEnv.state_key for this env",
         )
-
-

@@ -14,11 +14,12 @@ import json
 from pathlib import Path
 
 import structlog
+
 from agentgym_rl.actors.rundir import POLICY_DIR, TRAINER_STATE, RunDir
 from agentgym_rl.configs import Config
 from agentgym_rl.configs.schema import AlgorithmConfig, CurriculumConfig
 from agentgym_rl.driver.errors import TrainError
-from agentgym_rl.driver.trainer import Trainer
+from agentgym_rl.driver.modes.sync import SyncTrainer
 
 log = structlog.get_logger()
 
@@ -90,7 +91,7 @@ def run_warm_start(config: Config, run_dir: RunDir) -> Path:
     resume = warm_dir.checkpoints.is_dir() and warm_dir.latest_checkpoint() is not None
     warm_dir.create(derived)
     log.info("warm start", iterations=derived.trainer.iterations, horizon=derived.curriculum.horizon, resume=resume)
-    trainer = Trainer(derived, warm_dir, resume=resume)
+    trainer = SyncTrainer(derived, warm_dir, resume=resume)
     try:
         trainer.run()
     finally:

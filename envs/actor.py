@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import ray
+
 from agentgym_rl.envs.base import EnvError, Observation, StepResult, state_digest
 from agentgym_rl.envs.registry import make
 
@@ -54,10 +55,9 @@ class EnvHost:
         """The oracle's next move as model text: ``Action: <action>`` when the env parses that back to
         the action, else the oracle's text as is (envs whose actions are tags, like ``<answer>``)."""
         self._check_episode()
-        oracle = getattr(self.env, "oracle_action", None)
-        if oracle is None:
+        if not self.env.has_oracle():
             raise EnvError(f"env {self.env.name!r} has no oracle; sampler.policy=oracle needs one")
-        action = oracle()
+        action = self.env.oracle_action()
         reply = f"Action: {action}"
         return reply if self.env.parse_action(reply) == action else action
 

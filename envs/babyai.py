@@ -3,7 +3,7 @@
 Tasks
     The 40 BabyAI levels of ``LEVELS`` (AgentGym's table and order). Task id ``i`` plays level
     ``LEVELS[i % 40]`` reset with seed ``i // 40``, so id 41 is GoToRedBall with seed 1. Ids are
-    unbounded above because seeds are.
+    unbounded above because seeds are. Evaluation reports a task under its level.
 
 Splits (deterministic)
     ``test``  ids whose seed is below ``test_seeds``: ``0 .. 40 * test_seeds - 1``.
@@ -59,11 +59,13 @@ from typing import Any
 import gymnasium
 import minigrid  # noqa: F401  (importing registers the BabyAI levels with gymnasium)
 import numpy as np
-from agentgym_rl.envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv, action_after_marker
 from minigrid.core.actions import Actions
 from minigrid.core.constants import DIR_TO_VEC
 from minigrid.utils.baby_ai_bot import BabyAIBot
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from typing_extensions import override
+
+from agentgym_rl.envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv, action_after_marker
 
 LEVELS: tuple[str, ...] = (
     "GoToRedBallGrey",
@@ -331,6 +333,11 @@ class BabyAIEnv(TextEnv):
         n = len(LEVELS)
         return [task_id for task_id in range(seeds.start * n, seeds.stop * n) if LEVELS[task_id % n] in self._levels]
 
+    @override
+    def task_category(self, task_id: int) -> str:
+        """The level of ``task_id``: ``LEVELS[task_id % 40]``."""
+        return LEVELS[task_id % len(LEVELS)]
+
     def reset(self, task_id: int) -> Observation:
         """Start task ``task_id``: level ``LEVELS[task_id % 40]`` with seed ``task_id // 40``."""
         if isinstance(task_id, bool) or not isinstance(task_id, (int, np.integer)):
@@ -412,6 +419,7 @@ class BabyAIEnv(TextEnv):
         self._require_reset()
         return list(self._view.actions)
 
+    @override
     def oracle_action(self) -> str:
         """The available high-level action that minigrid's BabyAI bot would take next.
 
@@ -441,11 +449,18 @@ class BabyAIEnv(TextEnv):
             self.step(f"Action: {action}")
         return actions
 
-    def render_grid(self) -> np.ndarray:
+    @override
+    def render_frame(self) -> np.ndarray:
         """RGB frame of the whole grid, with the agent's field of view highlighted."""
         self._require_reset()
         unwrapped = self._env.unwrapped
         return unwrapped.get_frame(highlight=True, tile_size=unwrapped.tile_size)
+
+    @override
+    @classmethod
+    def replay_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """``options`` with the oracle off: a replay does not need the bot's per-step planning."""
+        return {**options, "oracle": False}
 
     # ----------------------------------------------------------------------------- internals
 

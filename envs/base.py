@@ -13,7 +13,10 @@ import re
 from collections.abc import Hashable, Sequence
 from typing import Any, ClassVar
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
+
+from agentgym_rl.configs.errors import AgentGymError
 
 _ACTION_MARKER = re.compile(r"action\s*:", re.IGNORECASE)
 _QUOTES = "\"'`"
@@ -34,7 +37,7 @@ def action_after_marker(model_text: str) -> str:
     return " ".join(action.split()).lower()
 
 
-class EnvError(Exception):
+class EnvError(AgentGymError):
     """Raised for caller errors that are not model output: unknown task ids, unknown splits."""
 
 
@@ -126,6 +129,54 @@ class TextEnv(abc.ABC):
     def has_state_key(cls) -> bool:
         """Whether the env overrides :meth:`state_key`."""
         return cls.state_key is not TextEnv.state_key
+
+    def task_category(self, task_id: int) -> str:
+        """The category ``task_id`` is reported under in per-category evaluation tables (a level, a task
+        family, a difficulty). Default: ``all``, one category for every task.
+
+        Raises:
+            EnvError: ``task_id`` is not a task of the env (where the env can tell).
+        """
+        return "all"
+
+    def episode_score(self, reward: float) -> float:
+        """The score an episode whose rewards sum to ``reward`` is reported with (an env may rescale its
+        rewards back to its benchmark's scale). Default: the reward."""
+        return reward
+
+    def oracle_action(self) -> str:
+        """The oracle's next action from the current state (an expert that ``sampler.policy=oracle``
+        plays). Default: there is none.
+
+        Raises:
+            EnvError: the env has no oracle, or the oracle cannot advise now (no episode running, off its plan).
+        """
+        raise EnvError(f"env {self.name!r} has no oracle")
+
+    @classmethod
+    def has_oracle(cls) -> bool:
+        """Whether the env overrides :meth:`oracle_action`."""
+        return cls.oracle_action is not TextEnv.oracle_action
+
+    def render_frame(self) -> np.ndarray:
+        """A picture of the current state, ``(H, W, 3)`` uint8 RGB (the trajectory viewer replays an
+        episode's frames). Default: the env has none.
+
+        Raises:
+            EnvError: the env has no frames, or no episode has started.
+        """
+        raise EnvError(f"env {self.name!r} has no frames")
+
+    @classmethod
+    def has_frames(cls) -> bool:
+        """Whether the env overrides :meth:`render_frame`."""
+        return cls.render_frame is not TextEnv.render_frame
+
+    @classmethod
+    def replay_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """The options of an instance that only replays recorded replies (the viewer's frames), from the
+        run's ``options``: the env may switch off work a replay does not use. Default: ``options``."""
+        return options
 
 
 def state_digest(key: Hashable | None) -> str | None:

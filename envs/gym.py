@@ -23,9 +23,10 @@ import string
 from typing import Any, ClassVar
 
 import gymnasium
+from gymnasium.spaces import Text
+
 from agentgym_rl.envs.base import TextEnv
 from agentgym_rl.envs.registry import env_class, make, names
-from gymnasium.spaces import Text
 
 # Text spaces check their charset: printable ASCII plus newline/tab covers the envs' texts.
 CHARSET = frozenset(string.printable)

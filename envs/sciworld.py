@@ -8,7 +8,8 @@ Tasks
     AgentGym's enumeration: the simulator's tasks in task-id order (1-1 boil, 1-2 melt, ...),
     skipping 5-1, 5-2, 9-1, 9-2, 9-3, 10-1 and 10-2; each task contributes all of its variations
     in order. With scienceworld 1.2.3 that makes 4,639 ids: 0-29 boil, 30-59 melt, 60-89 freeze, ...
-    ``task_table()`` lists (task name, first id, variation count).
+    ``task_table()`` lists (task name, first id, variation count). Evaluation reports a task under its
+    task name.
 
 Splits (deterministic)
     ``test`` holds ``test_size`` ids (default 200, the published evaluation size): test slots are
@@ -26,6 +27,7 @@ Reward and end
     Reward is the change in the simulator's 0-100 score divided by 100. Success means a score of
     100; partial progress is score, never success. The episode ends when the simulator says the
     task is completed or failed (negative score), or after ``max_steps`` actions when set.
+    Evaluation reports an episode's score back on the 0-100 scale, a failed task as 0.
 
 Oracle
     ``oracle_actions(task_id)`` returns the simulator's gold action sequence for the task
@@ -42,10 +44,12 @@ import shutil
 from collections.abc import Sequence
 from typing import Any
 
-from agentgym_rl.envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv, action_after_marker
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from scienceworld import ScienceWorldEnv
 from scienceworld.constants import TASKS
+from typing_extensions import override
+
+from agentgym_rl.envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv, action_after_marker
 
 SIMPLIFICATIONS = (
     "teleportAction",
@@ -179,6 +183,16 @@ class SciWorldEnv(TextEnv):
                 return name, task_id - first
         raise AssertionError("the task table covers every id below its size")
 
+    @override
+    def task_category(self, task_id: int) -> str:
+        """The task name of ``task_id`` (``boil``, ``melt``, ...)."""
+        return self.locate(task_id)[0]
+
+    @override
+    def episode_score(self, reward: float) -> float:
+        """The simulator's final score, 0-100, from the summed score changes; a failed task (score -100) scores 0."""
+        return max(0.0, round(100 * reward, 6))
+
     def reset(self, task_id: int) -> Observation:
         """Load ``task_id``'s task and variation and look around."""
         self._require_open()
@@ -266,6 +280,7 @@ class SciWorldEnv(TextEnv):
         self._started, self._done = False, True
         return list(self._sim.get_gold_action_sequence())
 
+    @override
     def oracle_action(self) -> str:
         """The gold path's action for the current step (needs the ``oracle`` option).
 

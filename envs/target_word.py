@@ -25,8 +25,10 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from agentgym_rl.envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv, action_after_marker
 from pydantic import BaseModel, ConfigDict, Field
+from typing_extensions import override
+
+from agentgym_rl.envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv, action_after_marker
 
 WORDS: tuple[str, ...] = (
     "apple", "river", "stone", "cloud", "tiger", "candle", "mirror", "garden",
@@ -118,6 +120,7 @@ class TargetWordEnv(TextEnv):
         reset)."""
         return self._turn if self._turns else None
 
+    @override
     def oracle_action(self) -> str:
         """This turn's target."""
         if self._turn >= len(self._turns):

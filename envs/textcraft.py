@@ -12,7 +12,8 @@ Recipes
 
 Tasks
     The 544 craftable items (crafting depth >= 1), sorted by name: task id ``i`` is the goal
-    ``goals()[i]``. Ids outside ``0 .. 543`` raise EnvError.
+    ``goals()[i]``. Ids outside ``0 .. 543`` raise EnvError. Evaluation reports a task under its goal's
+    crafting depth (``RecipeBook.depth``): 1 to 4.
 
 Splits (deterministic)
     ``test``  ``test_size`` ids (default 100, the published evaluation size) drawn with
@@ -53,8 +54,10 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from agentgym_rl.envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv, action_after_marker
 from pydantic import BaseModel, ConfigDict, Field
+from typing_extensions import override
+
+from agentgym_rl.envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv, action_after_marker
 
 _PREFIX = "minecraft:"
 _MAX_ACTION_CHARS = 1000
@@ -179,6 +182,18 @@ class RecipeBook:
                 stack.extend(input_name for input_name, _ in recipe.inputs)
         return [found[text] for text in sorted(found)]
 
+    def depth(self, item: str) -> int:
+        """Crafting steps on the longest ingredient chain below ``item`` along its shallowest recipes (base: 0)."""
+        return self._depth(item, frozenset())
+
+    def _depth(self, item: str, path: frozenset[str]) -> int:
+        makers = [item] if item in self.recipes else self.members(item)
+        recipes = [recipe for maker in makers for recipe in self.recipes.get(maker, [])]
+        if not recipes or item in path:
+            return 0
+        below = path | {item}
+        return min(1 + max(self._depth(name, below) for name, _ in recipe.inputs) for recipe in recipes)
+
     def uses(self) -> dict[str, list[Recipe]]:
         """Ingredient -> recipes that use it, in sorted output order."""
         table: dict[str, list[Recipe]] = {}
@@ -244,6 +259,11 @@ class TextCraftEnv(TextEnv):
             held_out = set(test)
             return [task_id for task_id in range(len(self._goals)) if task_id not in held_out]
         raise EnvError(f"unknown split {split!r}; valid splits: train, test")
+
+    @override
+    def task_category(self, task_id: int) -> str:
+        """``depth N``: the crafting depth of the goal of ``task_id`` (``RecipeBook.depth``)."""
+        return f"depth {self.book.depth(self._goal_of(task_id))}"
 
     def reset(self, task_id: int) -> Observation:
         """Start crafting ``goals()[task_id]``."""
@@ -331,6 +351,7 @@ class TextCraftEnv(TextEnv):
         self._obtain(goal, 1, held, actions, frozenset())
         return actions
 
+    @override
     def oracle_action(self) -> str:
         """The solver's next action from the current inventory (see ``oracle_actions``)."""
         if not self._started:

@@ -10,6 +10,7 @@ from pathlib import Path
 import ray
 import structlog
 import torch
+
 from agentgym_rl.actors.models import load_model, load_tokenizer, resolve_dtype
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.actors.weights import WeightsPayload, pack_state_dict

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
 from agentgym_rl.learner.precision import BFloat16Compute
 
 

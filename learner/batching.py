@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from agentgym_rl.actors.trajectory import Trajectory
 
 TOKEN_COLUMNS = ("input_ids", "attention_mask")

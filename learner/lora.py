@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from agentgym_rl.configs.schema import LoraConfig
 
 

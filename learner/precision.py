@@ -14,6 +14,7 @@ import copy
 from typing import Literal
 
 import torch
+
 from agentgym_rl.actors.models import AUTO, bfloat16_is_fast
 
 Precision = Literal["float32", "bf16-mixed"]

@@ -10,15 +10,17 @@ from typing import Literal
 
 import ray
 import structlog
-from agentgym_rl.actors.models import model_dir
-from agentgym_rl.actors.rundir import POLICY_DIR
-from agentgym_rl.configs import Config
-from agentgym_rl.configs.schema import ServeConfig
-from agentgym_rl.serve.deployment import STORE_NAMESPACE, PolicyModel, max_ongoing_requests, store_name
-from agentgym_rl.serve.routes import PolicyAPI, build_api
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ray import serve
 from ray.serve.handle import DeploymentHandle
+
+from agentgym_rl.actors.models import model_dir
+from agentgym_rl.actors.rundir import POLICY_DIR
+from agentgym_rl.configs import Config
+from agentgym_rl.configs.errors import AgentGymError
+from agentgym_rl.configs.schema import ServeConfig
+from agentgym_rl.serve.deployment import STORE_NAMESPACE, PolicyModel, max_ongoing_requests, store_name
+from agentgym_rl.serve.routes import PolicyAPI, build_api
 
 API_KEY_ENV = "AGENTGYM_RL_API_KEY"
 APP_NAME = "agentgym-rl"
@@ -160,7 +162,7 @@ def build_app(args: ServeArgs) -> serve.Application:
     return ingress.bind(policy, args.served_id, source, limits, args.app_name)
 
 
-class ServeError(RuntimeError):
+class ServeError(AgentGymError, RuntimeError):
     """The application cannot start here; the message says which setting to change."""
 
 

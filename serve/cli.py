@@ -3,58 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import faulthandler
-import os
-import signal
-import sys
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import ray
-from agentgym_rl.actors.cluster import init_ray, ray_address
+from pydantic import ValidationError
+
+from agentgym_rl.actors.cluster import SHUTDOWN_GRACE_S, deadline, init_ray, ray_address, stop_on_signals
 from agentgym_rl.configs import Config
 from agentgym_rl.configs.loader import ConfigError, apply_override, format_validation_error
 from agentgym_rl.configs.schema import ServeConfig
 from agentgym_rl.serve.app import ServeArgs, ServeError, start_server, stop_server
-from pydantic import ValidationError
-
-# Ray's shutdown takes seconds; once, on a loaded 2-core machine, it did not return at all after Ctrl-C.
-SHUTDOWN_GRACE_S = 60.0
-
-
-@contextmanager
-def deadline(seconds: float, what: str, exit_code: int) -> Iterator[None]:
-    """Run the block; if it is still running after ``seconds``, say so on stderr with the stack of every
-    thread and end the process with ``exit_code`` (the processes of a local Ray instance end with it)."""
-
-    def give_up() -> None:
-        print(
-            f"agentgym-rl: {what} did not finish within {seconds:g} s; exiting. Threads:", file=sys.stderr, flush=True
-        )
-        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-        sys.stderr.flush()
-        os._exit(exit_code)
-
-    timer = threading.Timer(seconds, give_up)
-    timer.daemon = True
-    timer.start()
-    try:
-        yield
-    finally:
-        timer.cancel()
-
-
-def stop_on_signals() -> None:
-    """Make Ctrl-C (SIGINT) and SIGTERM stop the command (as KeyboardInterrupt), also where SIGINT arrives
-    ignored: a non-interactive shell starts background jobs so, and Python then keeps it ignored."""
-
-    def stop(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, stop)
 
 
 def serve_config(args: argparse.Namespace) -> ServeConfig:
@@ -75,26 +33,24 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    """Serve ``args.checkpoint`` or ``args.model`` on ``args.host:args.port``; blocks until interrupted.
+    """Serve ``args.checkpoint`` or ``args.model`` on ``args.host:args.port``; blocks until a signal stops it.
 
-    Returns 2 (after saying why) for a bad checkpoint, bad settings or too few free CPUs.
+    Raises:
+        ConfigError, ServeError: bad settings, a bad checkpoint, or too few free CPUs (the CLI prints them).
+        Stopped: SIGINT or SIGTERM, once Serve and Ray are shut down.
     """
     try:
         serve_args = ServeArgs(checkpoint=args.checkpoint, model=args.model, serve=serve_config(args))
-    except ValueError as exc:
-        print(f"agentgym-rl: error: {exc}", file=sys.stderr)
-        return 2
+    except ValidationError as exc:
+        raise ServeError("; ".join(err["msg"].removeprefix("Value error, ") for err in exc.errors())) from None
     ray_config = Config()
-    init_ray(ray_config)
     stop_on_signals()
+    init_ray(ray_config)
     try:
         start_server(serve_args)
         print(f"serving {serve_args.served_id} on http://{args.host}:{args.port}/v1 (Ctrl-C to stop)", flush=True)
         while True:
             time.sleep(3600)
-    except ServeError as exc:
-        print(f"agentgym-rl: error: {exc}", file=sys.stderr)
-        return 2
     finally:
         # A cluster outlives this command, so the app and Serve come off it; a local instance ends with all
         # of its actors, Serve's included, and skipping Serve's graceful drain makes Ctrl-C quick under load.

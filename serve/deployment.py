@@ -20,10 +20,11 @@ from typing import Literal
 import ray
 import structlog
 import torch
+from ray import serve
+
 from agentgym_rl.actors.engines import ChoiceDelta, CompletionRequest, make_serving_engine
 from agentgym_rl.actors.models import load_tokenizer
 from agentgym_rl.actors.weights import WeightsPayload
-from ray import serve
 
 log = structlog.get_logger()
 

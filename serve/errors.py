@@ -21,13 +21,14 @@ from __future__ import annotations
 import json
 
 import structlog
-from agentgym_rl.actors.engines import QueueFullError
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from ray.serve.exceptions import BackPressureError
 from starlette.exceptions import HTTPException
+
+from agentgym_rl.actors.engines import QueueFullError
 
 log = structlog.get_logger()
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from agentgym_rl.actors.engines.sampling import MAX_TOP_LOGPROBS
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from agentgym_rl.actors.engines.sampling import MAX_TOP_LOGPROBS
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit on `stop`
 

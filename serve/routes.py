@@ -13,6 +13,12 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
+from ray.exceptions import RayTaskError
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+
 from agentgym_rl.actors.chat import ChatFormat
 from agentgym_rl.actors.engines import ChoiceDelta, CompletionRequest, SamplingParams
 from agentgym_rl.actors.models import load_tokenizer
@@ -40,11 +46,6 @@ from agentgym_rl.serve.models import (
     Usage,
 )
 from agentgym_rl.serve.text import ReplyText, TokenTexts
-from fastapi import Depends, FastAPI, Request
-from fastapi.responses import StreamingResponse
-from pydantic import BaseModel
-from ray.exceptions import RayTaskError
-from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 Body = TypeVar("Body", bound=BaseModel)
 

@@ -9,8 +9,8 @@
   ``truncated``, ``min_reward``, ``max_reward``.
 * ``/api/episode/{iteration}/{index}``: one episode turn by turn: observation, raw reply, the env's
   parsed action, reward, and the turn's context and loss-masked (sampled) tokens, decoded.
-* ``/api/frame/{iteration}/{index}/{step}.png``: the BabyAI grid after ``step`` actions (0 = after reset),
-  replayed from the task id and the recorded replies.
+* ``/api/frame/{iteration}/{index}/{step}.png``: the env's frame (``TextEnv.render_frame``, e.g. the BabyAI
+  grid) after ``step`` actions (0 = after reset), replayed from the task id and the recorded replies.
 
 Files are re-read when their size or modification time changes, so the page follows a live run.
 """
@@ -27,11 +27,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
-from agentgym_rl.actors.models import ModelError, load_tokenizer
-from agentgym_rl.actors.rundir import CONFIG_FILE, METRICS_FILE
-from agentgym_rl.actors.trajectory import Trajectory
-from agentgym_rl.configs import ConfigError, load_config
-from agentgym_rl.envs import EnvError, InvalidAction, TextEnv, make
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
@@ -40,14 +35,21 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from transformers import PreTrainedTokenizerBase
 
+from agentgym_rl.actors.models import ModelError, load_tokenizer
+from agentgym_rl.actors.rundir import CONFIG_FILE, METRICS_FILE
+from agentgym_rl.actors.trajectory import Trajectory
+from agentgym_rl.configs import ConfigError, load_config
+from agentgym_rl.configs.errors import AgentGymError
+from agentgym_rl.envs import EnvError, InvalidAction, TextEnv, env_class, make
+
 STATIC = Path(__file__).parent / "static"
-# Episodes whose BabyAI frames are kept in memory (each is a list of small PNGs).
+# Episodes whose frames are kept in memory (each is a list of small PNGs).
 FRAME_CACHE_EPISODES = 32
 
 T = TypeVar("T")
 
 
-class ViewerError(Exception):
+class ViewerError(AgentGymError):
     """A request the run directory cannot answer; ``status`` is the HTTP status it maps to."""
 
     def __init__(self, message: str, status: int = 404) -> None:
@@ -267,15 +269,15 @@ class RunReader:
             "system": t.messages[0]["content"],
             "prompt": {"text": self._decode(ids[: t.prompt_length]), "tokens": t.prompt_length},
             "turns": turns,
-            "frames": t.env == "babyai",
+            "frames": self._has_frames(t.env),
             "notes": notes,
         }
 
     def frame(self, iteration: int, index: int, step: int) -> bytes:
-        """PNG of the BabyAI grid after ``step`` actions, replayed from the task id and the actions."""
+        """PNG of the env's frame after ``step`` actions, replayed from the task id and the actions."""
         t = self.trajectory(iteration, index)
-        if t.env != "babyai":
-            raise ViewerError(f"episode {iteration}/{index} is a {t.env!r} episode; only babyai episodes have frames")
+        if not self._has_frames(t.env):
+            raise ViewerError(f"episode {iteration}/{index} is a {t.env!r} episode; env {t.env!r} has no frames")
         key = (iteration, index)
         with self._lock:
             frames = self._frames.get(key)
@@ -288,19 +290,24 @@ class RunReader:
             raise ViewerError(f"episode {iteration}/{index} has frames 0..{len(frames) - 1}, not {step}")
         return frames[step]
 
-    def _replay(self, t: Trajectory) -> list[bytes]:
-        from agentgym_rl.envs.babyai import BabyAIEnv
+    @staticmethod
+    def _has_frames(name: str) -> bool:
+        """Whether env ``name`` renders frames; False for an env this process cannot import."""
+        try:
+            return env_class(name).has_frames()
+        except (EnvError, ImportError):
+            return False
 
-        # A replay env of its own, without the oracle's planning; same levels and step cap as the run.
-        options = dict(self.config.env.options) if self.config.env.name == "babyai" else {}
-        options["oracle"] = False
-        env = BabyAIEnv(**options)
+    def _replay(self, t: Trajectory) -> list[bytes]:
+        # A replay env of its own, with the run's options (levels, step caps) less what a replay does not use.
+        options = dict(self.config.env.options) if t.env == self.config.env.name else {}
+        env = make(t.env, env_class(t.env).replay_options(options))
         try:
             env.reset(t.task_id)
-            frames = [encode_png(env.render_grid())]
+            frames = [encode_png(env.render_frame())]
             for action in t.actions:
                 env.step(action)
-                frames.append(encode_png(env.render_grid()))
+                frames.append(encode_png(env.render_frame()))
             return frames
         finally:
             env.close()

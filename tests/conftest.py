@@ -8,6 +8,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.pop("RAY_ADDRESS", None)
 
 import pytest
+
 from agentgym_rl.actors.models import load_tokenizer
 
 
@@ -21,6 +22,7 @@ def tokenizer():
 def ray_local():
     """A local Ray instance on 127.0.0.1 with this machine's two CPUs, shared by the session."""
     import ray
+
     from agentgym_rl.actors.cluster import init_ray
     from agentgym_rl.configs import Config
 

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+
 from agentgym_rl.actors.weights import WeightsPayload
+from agentgym_rl.configs.errors import AgentGymError
 from agentgym_rl.configs.schema import SamplingConfig
 
 
@@ -28,7 +30,7 @@ class Generation:
     finish_reason: Literal["stop", "length"]
 
 
-class EngineUnavailableError(RuntimeError):
+class EngineUnavailableError(AgentGymError, RuntimeError):
     """The engine cannot run on this machine (a missing package or device); the message says what to install."""
 
 

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import structlog
+
 from agentgym_rl.actors.engines.decode import Row, StepToken
 from agentgym_rl.actors.engines.serving import (
     ChoiceDelta,

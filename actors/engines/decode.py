@@ -27,8 +27,9 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from agentgym_rl.actors.engines.sampling import SamplingParams, StopStrings, filter_logits
 from transformers import DynamicCache
+
+from agentgym_rl.actors.engines.sampling import SamplingParams, StopStrings, filter_logits
 
 # Per row: (cached length, its per-layer keys/values or None). Cached columns come before new ids.
 Reused = tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from agentgym_rl.configs.schema import SamplingConfig
 from transformers import PreTrainedTokenizerBase
+
+from agentgym_rl.configs.schema import SamplingConfig
 
 # OpenAI's bound on `top_logprobs`; a row asks for at most this many alternatives per token.
 MAX_TOP_LOGPROBS = 20

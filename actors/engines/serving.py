@@ -25,6 +25,7 @@ from typing import Literal
 
 import numpy as np
 import torch
+
 from agentgym_rl.actors.engines.sampling import SamplingParams
 from agentgym_rl.actors.weights import WeightsPayload
 

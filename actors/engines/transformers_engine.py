@@ -14,6 +14,9 @@ import functools
 from collections.abc import Hashable
 
 import torch
+from transformers import DynamicCache, PreTrainedTokenizerBase
+from transformers.cache_utils import DynamicLayer
+
 from agentgym_rl.actors.engines.base import Engine, Generation
 from agentgym_rl.actors.engines.decode import DecodeBatch, Row
 from agentgym_rl.actors.engines.kv_cache import CachedPrefix, EpisodeKVCache
@@ -21,8 +24,6 @@ from agentgym_rl.actors.engines.sampling import SamplingParams, StopStrings
 from agentgym_rl.actors.models import load_model, load_tokenizer
 from agentgym_rl.actors.weights import WeightsPayload, unpack_state_dict
 from agentgym_rl.configs.schema import SamplingConfig
-from transformers import DynamicCache, PreTrainedTokenizerBase
-from transformers.cache_utils import DynamicLayer
 
 
 class TransformersEngine(Engine):

@@ -33,6 +33,7 @@ from collections.abc import AsyncIterator, Coroutine, Hashable
 from typing import Any
 
 import torch
+
 from agentgym_rl.actors.engines.base import Engine, EngineUnavailableError, Generation
 from agentgym_rl.actors.engines.sampling import SamplingParams
 from agentgym_rl.actors.engines.serving import ChoiceDelta, CompletionRequest, ServingEngine, choice_seed

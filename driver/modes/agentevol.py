@@ -17,15 +17,13 @@ from typing import Literal
 
 import ray
 import structlog
+
 from agentgym_rl.actors.rundir import RunDir
-from agentgym_rl.actors.sampler import EpisodeRequest
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.configs import Config
 from agentgym_rl.driver.data import load_trajectories
 from agentgym_rl.driver.metrics import rollout_metrics, split_failed
-from agentgym_rl.driver.tasks import episode_seed
-from agentgym_rl.driver.tracking import select_trajectories, wandb_tracker
-from agentgym_rl.driver.trainer import Trainer
+from agentgym_rl.driver.trainer import Display, Step, Trainer
 from agentgym_rl.envs import make
 
 log = structlog.get_logger()
@@ -51,10 +49,8 @@ def filter_episodes(trajectories: Sequence[Trajectory], mode: Literal["success",
 
 
 class AgentEvolTrainer(Trainer):
-    """Reuses the sync trainer's actors, rollout, weight sync and checkpoints; replaces its loop.
-
-    The rounds run as the trainer's iterations with ``samples_per_task`` as the group size and
-    ``tasks_per_round`` tasks per iteration.
+    """AgentEvol's rounds as the trainer's iterations (``samples_per_task`` as the group size,
+    ``tasks_per_round`` tasks per iteration, a checkpoint every round).
 
     Args:
         config: the resolved run config (``trainer.mode: agentevol``, ``algorithm.name: sft``).
@@ -70,8 +66,10 @@ class AgentEvolTrainer(Trainer):
         rounds.algorithm.group_size = self.evol.samples_per_task
         rounds.trainer.tasks_per_iteration = self.evol.tasks_per_round
         rounds.trainer.iterations = self.evol.rounds
+        rounds.trainer.checkpoint_every = 1  # a resume re-reads the kept episodes of the rounds before it
         super().__init__(rounds, run_dir, resume=resume)
         self.seed_data = load_trajectories(config.data.files) if config.data.files else []
+        self.test_tasks = self._test_tasks()
 
     def _test_tasks(self) -> list[int]:
         if self.evol.eval_tasks == 0:
@@ -83,15 +81,11 @@ class AgentEvolTrainer(Trainer):
             env.close()
 
     def _evaluate(self, round_index: int, tasks: list[int]) -> float:
-        """Success rate of the current policy on ``tasks``, one episode each."""
-        calls = defaultdict(list)
-        for k, task_id in enumerate(tasks):
-            group = EVAL_GROUP_OFFSET + k
-            seed = episode_seed(self.config.run.seed, round_index, group, 0)
-            calls[k % len(self.samplers)].append(EpisodeRequest(task_id=task_id, group=group, seed=seed))
-        pending = [self.samplers[s].collect.remote(requests) for s, requests in calls.items()]
-        episodes = ray.get([ref for refs in ray.get(pending) for ref in refs])
-        return sum(t.success for t in episodes if not t.failed) / max(sum(not t.failed for t in episodes), 1)
+        """Success rate of the current policy on ``tasks``, one episode each, through the sampler pool."""
+        pending = self._launch_groups(round_index, [tasks], first_group=EVAL_GROUP_OFFSET, group_size=1)
+        _, episodes = self._await_rollout(pending, round_index, None)
+        played = [t for t in episodes if not t.failed]
+        return sum(t.success for t in played) / max(len(played), 1)
 
     def _kept_before(self, round_index: int) -> list[ray.ObjectRef]:
         """The filtered episodes of rounds before ``round_index``, re-read from the run directory."""
@@ -102,57 +96,38 @@ class AgentEvolTrainer(Trainer):
             kept += [ray.put(explored[i]) for i in filter_episodes(explored, self.evol.filter, self.evol.k)]
         return kept
 
-    def run(self) -> dict:
-        """Run ``agentevol.rounds`` rounds; returns the last round's metrics."""
-        cfg, evol = self.config, self.evol
-        structlog.contextvars.bind_contextvars(run=cfg.run.name)
-        self._start_actors()
-        if self.resume:
-            self._restore()
-        test_tasks = self._test_tasks()
-        dataset = [ray.put(t) for t in self.seed_data] + self._kept_before(self.start_iteration)
-        last: dict = {}
-        with wandb_tracker(cfg, self.run_dir) as tracker:
-            for round_index in range(self.start_iteration, evol.rounds):
-                structlog.contextvars.bind_contextvars(iteration=round_index)
-                started = time.perf_counter()
-                horizon = ray.get(self.curriculum.start_iteration.remote(round_index))["horizon"]
-                refs, explored, failed = split_failed(*self._rollout(round_index, None))
-                rollout_s = time.perf_counter() - started
-                kept = filter_episodes(explored, evol.filter, evol.k)
-                dataset += [refs[i] for i in kept]
-                learner_metrics = ray.get([lr.update.remote(dataset) for lr in self.learners])[0]
-                sync_s = self._sync_weights(round_index)
-                record = {
-                    "iteration": round_index,
-                    "horizon": horizon,
-                    "weights_version": self.weights_version,
-                    **rollout_metrics(explored, failed),
-                    "agentevol/kept": float(len(kept)),
-                    "agentevol/dataset": float(len(dataset)),
-                    **learner_metrics,
-                    "time/rollout_s": rollout_s,
-                    "time/sync_s": sync_s,
-                }
-                if test_tasks:
-                    record["eval/test_success_rate"] = self._evaluate(round_index, test_tasks)
-                record["time/iteration_s"] = time.perf_counter() - started
-                limit = cfg.logging.max_trajectories_per_iteration
-                self.run_dir.write_trajectories(
-                    round_index, select_trajectories(explored, limit, cfg.run.seed, round_index)
-                )
-                self.run_dir.append_metrics(record)
-                if tracker is not None:
-                    tracker.log_iteration(record, explored)
-                log.info(
-                    "round done",
-                    success_rate=round(record["success_rate"], 3),
-                    kept=len(kept),
-                    dataset=len(dataset),
-                    test_success_rate=record.get("eval/test_success_rate"),
-                    loss=round(record.get("learner/loss", 0.0), 5),
-                )
-                self._checkpoint(round_index + 1)
-                last = record
-        structlog.contextvars.unbind_contextvars("iteration")
-        return last
+    def prepare(self, iteration: int) -> None:
+        self.dataset = [ray.put(t) for t in self.seed_data] + self._kept_before(iteration)
+
+    def step(self, iteration: int, display: Display) -> Step:
+        evol = self.evol
+        started = time.perf_counter()
+        horizons = self._start_horizons(iteration)
+        refs, played = self._rollout(iteration, display.progress)
+        reports, _ = self._env_reports(played, horizons)
+        refs, explored, failed = split_failed(refs, played)
+        rollout_s = time.perf_counter() - started
+        kept = filter_episodes(explored, evol.filter, evol.k)
+        self.dataset += [refs[i] for i in kept]
+        learner_metrics = self._update(self.dataset)
+        sync_s = self._sync_weights(iteration)
+        record = {
+            "iteration": iteration,
+            "horizon": max(horizons),
+            "weights_version": self.weights_version,
+            **rollout_metrics(explored, failed),
+            "agentevol/kept": float(len(kept)),
+            "agentevol/dataset": float(len(self.dataset)),
+            **learner_metrics,
+            "time/rollout_s": rollout_s,
+            "time/sync_s": sync_s,
+        }
+        if self.test_tasks:
+            record["eval/test_success_rate"] = self._evaluate(iteration, self.test_tasks)
+        record["time/iteration_s"] = time.perf_counter() - started
+        fields = {
+            "kept": len(kept),
+            "dataset": len(self.dataset),
+            "test_success_rate": record.get("eval/test_success_rate"),
+        }
+        return Step(record, explored, reports, fields)

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import ray
 import structlog
+
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.driver.metrics import rollout_metrics, split_failed
-from agentgym_rl.driver.trainer import Trainer
+from agentgym_rl.driver.trainer import Display, Step, Trainer
 
 log = structlog.get_logger()
 
@@ -51,23 +52,29 @@ def drop_stale(
 
 
 class AsyncTrainer(Trainer):
-    """``Trainer`` with rollout overlapped with training; same actors, run directory and checkpoints.
+    """Rollout overlapped with training; same actors, run directory and checkpoints as the sync mode.
 
     A checkpoint taken while later rollouts are in flight records the task schedule as it was before
     they were launched, so a resume replays those iterations (with their seeds) instead of skipping them.
     """
+
+    def prepare(self, iteration: int) -> None:
+        # After a learner restart the rollouts in flight belong to iterations that are played again.
+        self.inflight: deque[Launch] = deque()
+        self.next_launch = iteration
+        log.info("async training", max_staleness=self.config.trainer.max_staleness)
 
     def _launch(self, iteration: int) -> Launch:
         schedule_states = self._schedule_states()
         horizons = self._start_horizons(iteration)
         return Launch(iteration, horizons, self._launch_rollout(iteration), schedule_states, time.perf_counter())
 
-    def _checkpoint_rewound(self, iterations_done: int, inflight: deque[Launch]) -> Path:
+    def _checkpoint(self, iterations_done: int) -> Path:
         current = self._schedule_states()
-        if inflight:
-            self._load_schedule_states(inflight[0].schedule_states)
+        if self.inflight:
+            self._load_schedule_states(self.inflight[0].schedule_states)
         try:
-            return self._checkpoint(iterations_done)
+            return super()._checkpoint(iterations_done)
         finally:
             self._load_schedule_states(current)
 
@@ -80,60 +87,46 @@ class AsyncTrainer(Trainer):
         for slot, state in zip(self.slots, states, strict=True):
             slot.schedule.load_state(state)
 
-    def run(self) -> dict:
-        """Train to ``trainer.iterations`` with rollout ahead of training; returns the last metrics."""
+    def step(self, iteration: int, display: Display) -> Step:
         cfg = self.config
-        last: dict = {}
         depth = cfg.trainer.max_staleness
-        with self._session() as display:
-            log.info("async training", max_staleness=depth, old_logprobs=cfg.learner.old_logprobs)
-            inflight: deque[Launch] = deque()
-            next_launch = self.start_iteration
-            for iteration in range(self.start_iteration, cfg.trainer.iterations):
-                structlog.contextvars.bind_contextvars(iteration=iteration)
-                if not inflight:
-                    inflight.append(self._launch(next_launch))
-                    next_launch += 1
-                launch = inflight.popleft()
-                waited = time.perf_counter()
-                refs, trajectories = self._await_rollout(launch.pending, iteration, display.progress)
-                rollout_wait_s = time.perf_counter() - waited
-                rollout_s = time.perf_counter() - launch.started
-                lost = [t for t in trajectories if t.failed]
-                refs, trajectories, failed = split_failed(refs, trajectories)
-                learner_version = self.weights_version
-                refs, trajectories, dropped = drop_stale(refs, trajectories, learner_version, depth)
-                # per env over the same episodes as the overall keys: the kept ones (and the failed, counted)
-                reports, env_keys = self._env_reports([*trajectories, *lost], launch.horizons)
-                update_started = time.perf_counter()
-                updates = [lr.update.remote(refs) for lr in self.learners] if refs else []
-                # The next rollouts start before the update is awaited: this is the overlap.
-                while len(inflight) < depth and next_launch < cfg.trainer.iterations:
-                    inflight.append(self._launch(next_launch))
-                    next_launch += 1
-                learner_metrics = ray.get(updates)[0] if updates else {}
-                update_wait_s = time.perf_counter() - update_started
-                sync_s = self._sync_weights(iteration)
-                last = {
-                    "iteration": iteration,
-                    "horizon": max(launch.horizons),
-                    "weights_version": self.weights_version,
-                    **rollout_metrics(trajectories, failed),
-                    **env_keys,
-                    "rollout/dropped_stale": float(dropped),
-                    "rollout/learner_version": float(learner_version),
-                    "rollout/staleness_max": float(
-                        max((learner_version - t.weights_version for t in trajectories), default=0)
-                    ),
-                    **learner_metrics,
-                    "time/rollout_s": rollout_s,
-                    "time/rollout_wait_s": rollout_wait_s,
-                    "time/update_wait_s": update_wait_s,
-                    "time/sync_s": sync_s,
-                    "time/iteration_s": rollout_wait_s + update_wait_s + sync_s,
-                }
-                self._record(display, last, trajectories, reports, dropped_stale=dropped, failed=failed)
-                done = iteration + 1
-                if done % cfg.trainer.checkpoint_every == 0 or done == cfg.trainer.iterations:
-                    self._checkpoint_rewound(done, inflight)
-        return last
+        if not self.inflight:
+            self.inflight.append(self._launch(self.next_launch))
+            self.next_launch += 1
+        launch = self.inflight.popleft()
+        waited = time.perf_counter()
+        refs, trajectories = self._await_rollout(launch.pending, iteration, display.progress)
+        rollout_wait_s = time.perf_counter() - waited
+        rollout_s = time.perf_counter() - launch.started
+        lost = [t for t in trajectories if t.failed]
+        refs, trajectories, failed = split_failed(refs, trajectories)
+        learner_version = self.weights_version
+        refs, trajectories, dropped = drop_stale(refs, trajectories, learner_version, depth)
+        # per env over the same episodes as the overall keys: the kept ones (and the failed, counted)
+        reports, env_keys = self._env_reports([*trajectories, *lost], launch.horizons)
+        update_started = time.perf_counter()
+        updates = self._start_update(refs) if refs else []
+        # The next rollouts start before the update is awaited: this is the overlap.
+        while len(self.inflight) < depth and self.next_launch < cfg.trainer.iterations:
+            self.inflight.append(self._launch(self.next_launch))
+            self.next_launch += 1
+        learner_metrics = self._finish_update(updates) if updates else {}
+        update_wait_s = time.perf_counter() - update_started
+        sync_s = self._sync_weights(iteration)
+        record = {
+            "iteration": iteration,
+            "horizon": max(launch.horizons),
+            "weights_version": self.weights_version,
+            **rollout_metrics(trajectories, failed),
+            **env_keys,
+            "rollout/dropped_stale": float(dropped),
+            "rollout/learner_version": float(learner_version),
+            "rollout/staleness_max": float(max((learner_version - t.weights_version for t in trajectories), default=0)),
+            **learner_metrics,
+            "time/rollout_s": rollout_s,
+            "time/rollout_wait_s": rollout_wait_s,
+            "time/update_wait_s": update_wait_s,
+            "time/sync_s": sync_s,
+            "time/iteration_s": rollout_wait_s + update_wait_s + sync_s,
+        }
+        return Step(record, trajectories, reports, {"dropped_stale": dropped, "failed": failed})

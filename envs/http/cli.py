@@ -8,6 +8,7 @@ import os
 import sys
 
 import pydantic
+
 from agentgym_rl.envs.base import EnvError
 from agentgym_rl.envs.http.models import PROTOCOLS
 from agentgym_rl.envs.http.server import serve

@@ -31,10 +31,11 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
 from agentgym_rl.envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv
 from agentgym_rl.envs.http.models import PROTOCOLS, SCIWORLD_SCALE, Protocol, default_protocol
 from agentgym_rl.envs.registry import make
-from pydantic import BaseModel, ConfigDict, Field
 
 _ACTION = re.compile(r"action\s*:", re.IGNORECASE)
 GENERIC_INSTRUCTION = (

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
+from fastapi import APIRouter, Body, Query
+
 from agentgym_rl.envs.base import TextEnv
 from agentgym_rl.envs.http.models import (
     SCIWORLD_SCALE,
@@ -26,7 +28,6 @@ from agentgym_rl.envs.http.models import (
     WebArenaResetRequest,
 )
 from agentgym_rl.envs.http.service import EnvService, ServerError
-from fastapi import APIRouter, Body, Query
 
 if TYPE_CHECKING:
     from agentgym_rl.envs.textcraft import TextCraftEnv

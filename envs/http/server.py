@@ -55,14 +55,15 @@ import json
 from typing import Any
 
 import structlog
-from agentgym_rl.envs.http.models import ServerOptions, default_protocol
-from agentgym_rl.envs.http.routes import ROUTES
-from agentgym_rl.envs.http.service import EnvService, ServerError
-from agentgym_rl.envs.registry import env_class
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from agentgym_rl.envs.http.models import ServerOptions, default_protocol
+from agentgym_rl.envs.http.routes import ROUTES
+from agentgym_rl.envs.http.service import EnvService, ServerError
+from agentgym_rl.envs.registry import env_class
 
 log = structlog.get_logger()
 

@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import structlog
+from fastapi.encoders import jsonable_encoder
+from starlette.concurrency import run_in_threadpool
+
 from agentgym_rl.envs.base import EnvError, InvalidAction, Observation, TextEnv
 from agentgym_rl.envs.http.models import ServerOptions
 from agentgym_rl.envs.registry import make
-from fastapi.encoders import jsonable_encoder
-from starlette.concurrency import run_in_threadpool
 
 log = structlog.get_logger()
 T = TypeVar("T")

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import bm25s
-from agentgym_rl.envs.base import EnvError
 from pydantic import BaseModel, ConfigDict, Field
+
+from agentgym_rl.envs.base import EnvError
 
 _TOKEN = re.compile(r"\w+")
 

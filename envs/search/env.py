@@ -10,6 +10,7 @@ Data
 Tasks and splits (deterministic)
     Task id ``i`` is the ``i``-th question of the file. ``test`` holds ``test_size`` ids (default
     200) drawn with ``random.Random(split_seed)``, ascending; ``train`` every other id, ascending.
+    Evaluation reports a task under its question's gold hop count (``N hops``).
 
 Protocol
     ``reset`` returns ``Question: <question>``. Each reply holds one tag; the first complete one
@@ -39,10 +40,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing_extensions import override
+
 from agentgym_rl.envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv
 from agentgym_rl.envs.search.corpus import BM25Retriever, Question, load_corpus, load_questions
 from agentgym_rl.envs.search.generate import GENERATOR_VERSION, ensure_generated
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 _TAG = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL | re.IGNORECASE)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -143,6 +146,11 @@ class SearchEnv(TextEnv):
             return [task_id for task_id in range(total) if task_id not in held_out]
         raise EnvError(f"unknown split {split!r}; valid splits: train, test")
 
+    @override
+    def task_category(self, task_id: int) -> str:
+        """``N hops``: the gold hop count of question ``task_id`` (``0 hops`` for questions without hops)."""
+        return f"{len(self._question_of(task_id).hops)} hops"
+
     def reset(self, task_id: int) -> Observation:
         """Start answering question ``task_id``."""
         self._question = self._question_of(task_id)
@@ -200,6 +208,7 @@ class SearchEnv(TextEnv):
             raise EnvError(f"question {question.id} has no gold hops to follow")
         return [f"<search>{hop.query}</search>" for hop in question.hops] + [f"<answer>{question.answers[0]}</answer>"]
 
+    @override
     def oracle_action(self) -> str:
         """The oracle script's reply for the current turn (hop searches by turn number, then the answer)."""
         if self._question is None:

@@ -43,6 +43,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from pydantic import BaseModel, ConfigDict, Field
+from typing_extensions import override
+
 from agentgym_rl.envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv
 from agentgym_rl.envs.web.actions import ACTION_SYNTAX, WebAction, parse_reply
 from agentgym_rl.envs.web.browser import ActionFailed, Browser, PlaywrightError, PlaywrightTimeout, Snapshot
@@ -50,7 +53,6 @@ from agentgym_rl.envs.web.forum import ForumSite
 from agentgym_rl.envs.web.server import SiteServer
 from agentgym_rl.envs.web.shop import ShopSite
 from agentgym_rl.envs.web.tasks import CONTENT, FORUM_HOME, SHOP_HOME, SPLITS, TASKS, Sites, Task
-from pydantic import BaseModel, ConfigDict, Field
 
 T = TypeVar("T")
 
@@ -197,6 +199,7 @@ class WebEnv(TextEnv):
             raise EnvError("no episode has started; call reset first")
         self._run(lambda: self._browser.screenshot(path))
 
+    @override
     def oracle_action(self) -> str:
         """The task plan's next action on the current page (raises EnvError off the plan or when done)."""
         if self._task is None or self._done:

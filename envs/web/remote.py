@@ -27,10 +27,11 @@ from typing import Any
 
 import httpx
 import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+
 from agentgym_rl.envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv
 from agentgym_rl.envs.http.client import RemoteEnvError
 from agentgym_rl.envs.web.actions import ACTION_SYNTAX, parse_reply
-from pydantic import BaseModel, ConfigDict, Field
 
 WEBARENA_TASKS = 812  # WebArena's config_files/0.json .. 811.json
 WEBARENA_INSTRUCTION = (

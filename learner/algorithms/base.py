@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from agentgym_rl.configs.errors import AgentGymError
+
 if TYPE_CHECKING:
     from agentgym_rl.actors.trajectory import Trajectory
 
@@ -49,7 +51,7 @@ class AlgorithmParams(BaseModel):
     )
 
 
-class AlgorithmConfigError(ValueError):
+class AlgorithmConfigError(AgentGymError, ValueError):
     """The ``algorithm`` section does not fit the chosen algorithm; the message names the key."""
 
 

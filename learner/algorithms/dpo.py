@@ -13,6 +13,9 @@ from collections import defaultdict
 from typing import Literal
 
 import torch
+from pydantic import Field
+from typing_extensions import override
+
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.learner.algorithms.base import (
     LOGPROBS,
@@ -23,8 +26,6 @@ from agentgym_rl.learner.algorithms.base import (
     register_algorithm,
 )
 from agentgym_rl.learner.losses import dpo_loss
-from pydantic import Field
-from typing_extensions import override
 
 PAIR = "pair"
 CHOSEN = "chosen"

@@ -16,12 +16,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+from pydantic import Field
+from typing_extensions import override
+
 from agentgym_rl.learner.advantages import gigpo_step_advantages, grpo_advantages, spread_turns, turn_states
 from agentgym_rl.learner.algorithms.base import GROUPS, LOSS_MASK, REWARDS, STATE_IDS, TURN_IDS, register_algorithm
 from agentgym_rl.learner.algorithms.policy_gradient import GroupRelative, GroupRelativeParams, turn_level_returns
 from agentgym_rl.learner.losses import masked_mean
-from pydantic import Field
-from typing_extensions import override
 
 if TYPE_CHECKING:
     from agentgym_rl.actors.trajectory import Trajectory

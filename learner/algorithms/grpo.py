@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import torch
+from pydantic import Field
+from typing_extensions import override
+
 from agentgym_rl.learner.advantages import grpo_advantages, grpo_turn_advantages, spread_turns
 from agentgym_rl.learner.algorithms.base import GROUPS, LOSS_MASK, REWARDS, TURN_IDS, register_algorithm
 from agentgym_rl.learner.algorithms.policy_gradient import GroupRelative, GroupRelativeParams, TurnCreditParams
-from pydantic import Field
-from typing_extensions import override
 
 
 class GRPOParams(GroupRelativeParams, TurnCreditParams):

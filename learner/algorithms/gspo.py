@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import Field
+
 from agentgym_rl.learner.algorithms.base import register_algorithm
 from agentgym_rl.learner.algorithms.grpo import GRPO, GRPOParams
-from pydantic import Field
 
 
 class GSPOParams(GRPOParams):

@@ -12,6 +12,9 @@ import abc
 from typing import TYPE_CHECKING, Literal
 
 import torch
+from pydantic import BaseModel, Field, model_validator
+from typing_extensions import override
+
 from agentgym_rl.learner.advantages import discounted_turn_returns, turn_rewards, uniform_groups
 from agentgym_rl.learner.algorithms.base import (
     ADVANTAGES,
@@ -38,8 +41,6 @@ from agentgym_rl.learner.losses import (
     masked_mean,
     rollout_correction_weights,
 )
-from pydantic import BaseModel, Field, model_validator
-from typing_extensions import override
 
 if TYPE_CHECKING:
     from agentgym_rl.actors.trajectory import Trajectory

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import torch
+from pydantic import Field
+from typing_extensions import override
+
 from agentgym_rl.learner.advantages import gae
 from agentgym_rl.learner.algorithms.base import (
     LOSS_MASK,
@@ -14,8 +17,6 @@ from agentgym_rl.learner.algorithms.base import (
 )
 from agentgym_rl.learner.algorithms.policy_gradient import PolicyGradient, PolicyGradientParams
 from agentgym_rl.learner.losses import aggregate, clipped_value_loss
-from pydantic import Field
-from typing_extensions import override
 
 
 class PPOParams(PolicyGradientParams):

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import torch
+from pydantic import Field, model_validator
+from typing_extensions import override
+
 from agentgym_rl.learner.advantages import reinforce_pp_advantages, spread_turns, whiten
 from agentgym_rl.learner.algorithms.base import LOSS_MASK, TOKEN_REWARDS, TURN_IDS, register_algorithm
 from agentgym_rl.learner.algorithms.policy_gradient import PolicyGradient, PolicyGradientParams, TurnCreditParams
-from pydantic import Field, model_validator
-from typing_extensions import override
 
 
 class ReinforcePPParams(PolicyGradientParams, TurnCreditParams):

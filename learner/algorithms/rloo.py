@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import torch
+from typing_extensions import override
+
 from agentgym_rl.learner.advantages import rloo_advantages, rloo_turn_advantages, spread_turns
 from agentgym_rl.learner.algorithms.base import GROUPS, LOSS_MASK, REWARDS, TURN_IDS, register_algorithm
 from agentgym_rl.learner.algorithms.policy_gradient import GroupRelative, GroupRelativeParams, TurnCreditParams
-from typing_extensions import override
 
 
 class RLOOParams(GroupRelativeParams, TurnCreditParams):

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import torch
+from typing_extensions import override
+
 from agentgym_rl.learner.algorithms.base import LOGPROBS, LOSS_MASK, Algorithm, register_algorithm
 from agentgym_rl.learner.losses import aggregate
-from typing_extensions import override
 
 
 @register_algorithm

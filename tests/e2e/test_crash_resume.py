@@ -1,4 +1,5 @@
-"""SIGKILL of the driver while it writes a checkpoint, then --resume (issue: crash-safe checkpoints)."""
+"""Stopping a training run and resuming it: SIGKILL while a checkpoint is written, and SIGINT or SIGTERM to a
+background job; each time --resume ends with every iteration exactly once."""
 
 import contextlib
 import json
@@ -102,3 +103,42 @@ def test_sigkill_during_a_checkpoint_write_then_resume(tmp_path: Path):
     same_episodes(
         run_dir / "trajectories" / "iter_000003.jsonl", runs / "straight" / "trajectories" / "iter_000003.jsonl"
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_background_run_stops_on_a_signal_and_resumes(tmp_path: Path, signum: int):
+    runs = tmp_path / "runs"
+    run_dir = runs / "stopped"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    log = tmp_path / "stderr.log"
+    with log.open("w") as stderr:
+        proc = subprocess.Popen(
+            command("train", str(REPO / "configs" / "quickstart.yaml"), *overrides(runs, "stopped")),
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            # A background job of a non-interactive shell (or under nohup) starts with SIGINT ignored.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # noqa: PLW1509
+        )
+        try:
+            deadline = time.monotonic() + 400
+            while time.monotonic() < deadline and proc.poll() is None:
+                if (run_dir / "checkpoints" / "iter_000001" / "trainer.json").exists():
+                    break
+                time.sleep(0.1)
+            assert proc.poll() is None, log.read_text()[-3000:]
+            proc.send_signal(signum)
+            proc.wait(timeout=60)  # a stop takes seconds; the bound only keeps a hang from stalling the suite
+        finally:
+            if proc.poll() is None:
+                kill_tree(proc)
+    said = log.read_text()
+    assert proc.returncode == 128 + signum, said[-3000:]
+    assert f"Continue with: agentgym-rl train --resume {run_dir}" in said
+    assert f"{signum.name} received" not in said  # Ray's native stack dump
+
+    resumed = run_cli("train", "--resume", str(run_dir), cwd=tmp_path, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [r["iteration"] for r in metrics(run_dir)] == [0, 1, 2, 3]  # every iteration exactly once

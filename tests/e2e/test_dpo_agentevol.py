@@ -1,19 +1,24 @@
 """End to end through the real CLI on tiny-random: offline DPO on imported episodes, and AgentEvol rounds."""
 
+import contextlib
 import json
 import math
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
+from transformers import AutoModelForCausalLM
+
 from agentgym_rl.actors.rundir import RunDir
 from agentgym_rl.driver.cli import main
 from agentgym_rl.driver.data import load_trajectories
+from agentgym_rl.driver.learners import free_port
 from agentgym_rl.envs import make
-from transformers import AutoModelForCausalLM
-
+from tests.e2e.test_serve_training import start_cli
 from tests.e2e.test_train_cli import run_cli
-from tests.unit.actors.test_data import LEVELS, oracle_episodes, strip_token_ids
+from tests.unit.driver.test_data import LEVELS, oracle_episodes, strip_token_ids
 
 BASE = {
     "model": {"name": "tiny-random"},
@@ -118,3 +123,51 @@ def test_agentevol_needs_sft(tmp_path: Path, capsys):
     assert main(["train", str(config)]) == 2
     assert "algorithm.name=sft" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_agentevol_runs_in_the_trainers_session(tmp_path: Path):
+    """AgentEvol's rounds get what every mode gets: the served endpoint, the progress display and the
+    curriculum's reports (an adaptive schedule advances on them)."""
+    port = free_port()
+    config = write_config(
+        tmp_path,
+        "evol-session",
+        sampler={
+            "policy": "oracle",
+            "envs_per_sampler": 2,
+            "max_context_tokens": 4096,
+            "sampling": {"max_new_tokens": 16},
+        },
+        algorithm={"name": "sft"},
+        # the oracle succeeds within 8 turns on some tasks, so round 0's success rate passes the threshold
+        curriculum={
+            "schedule": "adaptive",
+            "horizons": [8, 30],
+            "window": 1,
+            "success_threshold": 0.01,
+            "min_iterations_per_stage": 1,
+        },
+        trainer={"mode": "agentevol"},
+        agentevol={"rounds": 2, "tasks_per_round": 4, "samples_per_task": 1, "filter": "success", "eval_tasks": 0},
+        serve={"enabled": True, "port": port, "num_cpus": 0.05, "linger_s": 5},
+        logging={"progress": True},
+    )
+    process = start_cli("train", str(config), cwd=tmp_path)
+    policy = None
+    try:
+        while process.poll() is None and policy is None:
+            with contextlib.suppress(httpx.HTTPError):
+                answer = httpx.get(f"http://127.0.0.1:{port}/v1/policy", timeout=5)
+                policy = answer.json() if answer.status_code == 200 else None
+            time.sleep(0.5)
+        output, _ = process.communicate(timeout=600)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, output[-3000:]
+    assert policy is not None, "the endpoint never answered during the rounds"
+    assert "training" in output and "2/2" in output  # the progress display's overall bar
+    records = records_of(tmp_path / "runs" / "evol-session")
+    assert records[0]["success_rate"] > 0
+    assert [r["horizon"] for r in records] == [8, 30]

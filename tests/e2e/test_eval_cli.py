@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from agentgym_rl.actors.models import model_dir
 from agentgym_rl.actors.rundir import RunDir
 from agentgym_rl.configs import Config

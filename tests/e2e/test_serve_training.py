@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from agentgym_rl.driver.learners import free_port
 
 REPO = Path(__file__).resolve().parents[2]

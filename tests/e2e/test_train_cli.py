@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from agentgym_rl.envs import names
 from transformers import AutoModelForCausalLM
 
+from agentgym_rl.envs import names
 from tests.e2e.helpers import same_episodes
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import uvicorn
+
 from agentgym_rl.actors.chat import ChatFormat
 from agentgym_rl.actors.rundir import RunDir
 from agentgym_rl.actors.trajectory import Trajectory
@@ -21,6 +22,7 @@ from agentgym_rl.configs import Config
 from agentgym_rl.driver.cli import main
 from agentgym_rl.envs.babyai import BabyAIEnv
 from agentgym_rl.serve.viewer import RunReader, ViewerError, build_app
+from tests.factories import make_trajectory
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = Path(sys.executable).parent / "agentgym-rl"
@@ -82,24 +84,17 @@ def oracle_trajectory(chat: ChatFormat, env: BabyAIEnv, task_id: int) -> Traject
             continuation = chat.continuation_ids(sampled, result.observation)
             ids, mask = ids + continuation, mask + [0] * len(continuation)
     assert result.done and result.info["success"]
-    return Trajectory(
-        env="babyai",
+    return make_trajectory(
+        ids,
+        mask,
+        rewards,
         task_id=task_id,
-        group=0,
-        token_ids=ids,
-        loss_mask=mask,
         logprobs=[0.0] * len(ids),
         prompt_length=prompt_length,
         turn_spans=spans,
         messages=messages,
         actions=replies,
-        step_rewards=rewards,
-        reward=sum(rewards),
         success=True,
-        done=True,
-        truncated=False,
-        horizon=len(actions),
-        weights_version=0,
     )
 
 

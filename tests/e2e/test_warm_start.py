@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from agentgym_rl.actors.models import model_dir
 from transformers import AutoModelForCausalLM
+
+from agentgym_rl.actors.models import model_dir
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = Path(sys.executable).parent / "agentgym-rl"

@@ -2,8 +2,9 @@
 
 import pytest
 import ray
+
 from agentgym_rl.actors.curriculum import CurriculumActor
-from agentgym_rl.actors.sampler import EpisodeRequest, SamplerActor
+from agentgym_rl.actors.sampler import EpisodeRequest, SamplerActor, start_collect
 from agentgym_rl.configs import load_config
 from agentgym_rl.learner.actor import LearnerActor
 
@@ -51,16 +52,16 @@ def test_curriculum_push_reaches_every_sampler(system):
     assert ray.get(curriculum.start_iteration.remote(1)) == {"horizon": 2, "changed": False}
     assert ray.get(curriculum.start_iteration.remote(2)) == {"horizon": 3, "changed": True}
     assert [s["horizon"] for s in ray.get([s.state.remote() for s in samplers])] == [3, 3]
-    refs = ray.get(samplers[1].collect.remote([EpisodeRequest(task_id=121, group=0, seed=5)]))
+    refs = start_collect(samplers[1], [EpisodeRequest(task_id=121, group=0, seed=5)])
     assert ray.get(refs[0]).horizon == 3
 
 
 def test_an_episode_samples_the_same_tokens_whatever_it_is_batched_with(system):
     samplers = system["samplers"]
     ray.get(system["curriculum"].start_iteration.remote(0))
-    alone = ray.get(ray.get(samplers[0].collect.remote([EpisodeRequest(task_id=121, group=0, seed=77)]))[0])
+    alone = ray.get(start_collect(samplers[0], [EpisodeRequest(task_id=121, group=0, seed=77)])[0])
     crowd = [EpisodeRequest(task_id=t, group=i, seed=s) for i, (t, s) in enumerate([(122, 1), (121, 77), (161, 3)])]
-    batched = ray.get(ray.get(samplers[1].collect.remote(crowd))[1])
+    batched = ray.get(start_collect(samplers[1], crowd)[1])
     assert batched.token_ids == alone.token_ids
     assert batched.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
 
@@ -79,10 +80,13 @@ def test_oracle_policy_plays_demonstrations(ray_local):
         .remote(index=0, model=config.model, sampler=config.sampler, env=config.env, seed=0)
     )
     ray.get(sampler.set_horizon.remote(20))
-    trajectories = ray.get(
-        ray.get(sampler.collect.remote([EpisodeRequest(task_id=t, group=0, seed=0) for t in (121, 161)]))
-    )
+    refs = start_collect(sampler, [EpisodeRequest(task_id=t, group=0, seed=0) for t in (121, 161)])
+    ray.wait(refs, num_returns=len(refs))
     ray.kill(sampler)
+    # Each trajectory is a return value of the one call (nothing else stored it), owned by this process: it
+    # outlives the sampler that played it.
+    assert len(set(refs)) == 2 and len({ref.task_id() for ref in refs}) == 1
+    trajectories = ray.get(refs)
     for trajectory in trajectories:
         assert trajectory.success and trajectory.done and not trajectory.truncated
         assert all(action.startswith("Action: ") for action in trajectory.actions)
@@ -94,7 +98,7 @@ def test_rollout_update_and_weight_sync(system):
     ray.get(system["curriculum"].start_iteration.remote(0))
     before = ray.get(samplers[0].state.remote())
     requests = [EpisodeRequest(task_id=t, group=g, seed=10 * g + k) for g, t in enumerate([121, 122]) for k in range(2)]
-    refs = ray.get(samplers[0].collect.remote(requests))
+    refs = start_collect(samplers[0], requests)
     assert all(isinstance(ref, ray.ObjectRef) for ref in refs)
     trajectories = ray.get(refs)
     assert [(t.task_id, t.group) for t in trajectories] == [(121, 0), (121, 0), (122, 1), (122, 1)]
@@ -123,5 +127,5 @@ def test_rollout_update_and_weight_sync(system):
     versions = ray.get([s.load_weights.remote(after) for s in samplers])
     assert versions == [1, 1]
     assert [s["weights_version"] for s in ray.get([s.state.remote() for s in samplers])] == [1, 1]
-    next_refs = ray.get(samplers[1].collect.remote([EpisodeRequest(task_id=121, group=0, seed=5)]))
+    next_refs = start_collect(samplers[1], [EpisodeRequest(task_id=121, group=0, seed=5)])
     assert ray.get(next_refs[0]).weights_version == 1

@@ -18,12 +18,12 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+
 from agentgym_rl.envs.babyai import BabyAIEnv
 from agentgym_rl.envs.base import EnvError
 from agentgym_rl.envs.http import AgentGymClient, build_app
 from agentgym_rl.envs.search.env import SearchEnv
 from agentgym_rl.envs.textcraft import TextCraftEnv
-
 from tests.integration.http_server import serve
 
 

@@ -4,7 +4,7 @@ The cluster is ``ray.cluster_utils.Cluster`` with every node on 127.0.0.1. Its r
 ``agentgym-rl train`` in a subprocess connected through ``RAY_ADDRESS``, so this pytest process
 never connects to the cluster: it only starts and stops nodes, and the session's local Ray
 (``ray_local``, which other modules share) is neither replaced nor disturbed. The learner-failure
-tests need no second node and run a ``Trainer`` on ``ray_local`` in a thread, killing its learner
+tests need no second node and run a ``SyncTrainer`` on ``ray_local`` in a thread, killing its learner
 from the test's thread. Every wait has a deadline, so a hang fails the test instead of stalling it.
 """
 
@@ -24,10 +24,11 @@ import psutil
 import pytest
 import ray
 import ray.experimental.internal_kv
+
 from agentgym_rl.actors.rundir import RunDir
 from agentgym_rl.configs import load_config
 from agentgym_rl.driver.errors import TrainError
-from agentgym_rl.driver.trainer import Trainer
+from agentgym_rl.driver.modes.sync import SyncTrainer
 
 CLI = Path(sys.executable).parent / "agentgym-rl"
 TINY = [
@@ -208,7 +209,7 @@ def test_pools_grow_on_a_new_node_and_the_run_survives_losing_one(cluster, tmp_p
     assert (run_dir / "checkpoints" / "iter_000008" / "trainer.json").is_file()
 
 
-def learner_run(tmp_path: Path, name: str, policy: str) -> Trainer:
+def learner_run(tmp_path: Path, name: str, policy: str) -> SyncTrainer:
     settings = [
         *TINY,
         "sampler.envs_per_sampler=2",
@@ -223,10 +224,10 @@ def learner_run(tmp_path: Path, name: str, policy: str) -> Trainer:
     config = load_config(None, settings)
     run_dir = RunDir(tmp_path / name)
     run_dir.create(config)
-    return Trainer(config, run_dir)
+    return SyncTrainer(config, run_dir)
 
 
-def run_and_kill_learner(trainer: Trainer, when: Callable[[], bool]) -> dict:
+def run_and_kill_learner(trainer: SyncTrainer, when: Callable[[], bool]) -> dict:
     """Run ``trainer`` in a thread, kill its learner once ``when()`` holds, wait for the run to end."""
     outcome: dict = {}
 

@@ -5,8 +5,9 @@ import json
 from pathlib import Path
 
 import pytest
+
+from agentgym_rl.driver.modes.sync import SyncTrainer
 from agentgym_rl.driver.run import prepare_run
-from agentgym_rl.driver.trainer import Trainer
 
 TASKS, GROUP, EXTRA = 2, 4, 4
 SETTINGS = [
@@ -34,7 +35,7 @@ SETTINGS = [
 
 def train(tmp_path: Path, model: str) -> list[dict]:
     config, run_dir = prepare_run(None, [*SETTINGS, f"model.name={model}", f"run.dir={tmp_path}", "run.name=ds"], None)
-    trainer = Trainer(config, run_dir)
+    trainer = SyncTrainer(config, run_dir)
     try:
         trainer.run()
     finally:

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import ray
+
 from agentgym_rl import envs
 from agentgym_rl.envs.actor import create_env_actor
 from agentgym_rl.envs.babyai import NOT_RECOGNIZED, BabyAIEnv
@@ -20,7 +21,6 @@ from agentgym_rl.envs.base import EnvError, StepResult
 from agentgym_rl.envs.http import AgentGymClient, build_app
 from agentgym_rl.envs.http.client import NO_ACTION
 from agentgym_rl.envs.registry import register
-
 from tests.integration.http_server import serve
 
 RELEASE = threading.Event()
@@ -349,7 +349,17 @@ def test_cli_env_server_serves_on_loopback():
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     options = json.dumps({"levels": ["GoToRedBall"]})
-    cmd = [sys.executable, "-m", "agentgym_rl.driver.cli", "env-server", "babyai", "--port", str(port), "--options", options]
+    cmd = [
+        sys.executable,
+        "-m",
+        "agentgym_rl.driver.cli",
+        "env-server",
+        "babyai",
+        "--port",
+        str(port),
+        "--options",
+        options,
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         client = AgentGymClient(base_url=f"http://127.0.0.1:{port}", env_name="babyai", timeout=5)

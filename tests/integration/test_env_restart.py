@@ -6,6 +6,7 @@ import time
 
 import pytest
 import ray
+
 from agentgym_rl.envs.actor import EnvRestarted, create_env_actor
 
 

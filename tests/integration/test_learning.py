@@ -10,8 +10,9 @@ import statistics
 from pathlib import Path
 
 import pytest
+
+from agentgym_rl.driver.modes.sync import SyncTrainer
 from agentgym_rl.driver.run import prepare_run
-from agentgym_rl.driver.trainer import Trainer
 
 SETTINGS = [
     "model.name=smollm2-135m-instruct",
@@ -56,7 +57,7 @@ def test_each_algorithm_raises_the_reward_of_the_target_word_game(algorithm, tmp
     overrides = [item.replace("ITERATIONS", str(ITERATIONS)) for item in SETTINGS]
     overrides += [f"algorithm.name={algorithm}", *ALGORITHMS[algorithm], f"run.dir={tmp_path}", "run.name=learn"]
     config, run_dir = prepare_run(None, overrides, None)
-    trainer = Trainer(config, run_dir)
+    trainer = SyncTrainer(config, run_dir)
     try:
         trainer.run()
     finally:

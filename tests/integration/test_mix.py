@@ -5,11 +5,12 @@ import json
 from pathlib import Path
 
 import pytest
+
 from agentgym_rl.driver.mix import schedule_seed
 from agentgym_rl.driver.modes.asynchronous import AsyncTrainer
+from agentgym_rl.driver.modes.sync import SyncTrainer
 from agentgym_rl.driver.run import prepare_run
 from agentgym_rl.driver.tasks import TaskSchedule
-from agentgym_rl.driver.trainer import Trainer
 from agentgym_rl.driver.warm_start import WARM_START_DIR, run_warm_start
 from agentgym_rl.envs import make
 
@@ -45,7 +46,7 @@ TASKS = {"babyai": 2, "textcraft": 1}  # 3 tasks shared 2 : 1
 
 def train(overrides: list[str], resume: str | None = None) -> Path:
     config, run_dir = prepare_run(None, overrides, resume)
-    trainer = Trainer(config, run_dir, resume=resume is not None)
+    trainer = SyncTrainer(config, run_dir, resume=resume is not None)
     try:
         trainer.run()
     finally:

@@ -7,9 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.configs import ConfigError, load_config
 from agentgym_rl.driver.modes.asynchronous import drop_stale
+from tests.factories import make_trajectory
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = Path(sys.executable).parent / "agentgym-rl"
@@ -49,25 +51,8 @@ def test_async_mode_defaults_to_sampler_logprobs_and_rejects_recompute():
 
 
 def _trajectory(version: int) -> Trajectory:
-    return Trajectory(
-        env="babyai",
-        task_id=1,
-        group=0,
-        token_ids=[1, 2],
-        loss_mask=[0, 1],
-        logprobs=[0.0, -1.0],
-        prompt_length=1,
-        turn_spans=[(1, 2)],
-        messages=[],
-        actions=["x"],
-        step_rewards=[0.0],
-        reward=0.0,
-        success=False,
-        done=False,
-        truncated=True,
-        truncation_reason="horizon",
-        horizon=1,
-        weights_version=version,
+    return make_trajectory(
+        [1, 2], [0, 1], [0.0], task_id=1, logprobs=[0.0, -1.0], actions=["x"], truncated=True, weights_version=version
     )
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 import ray
+
 from agentgym_rl.actors.models import load_tokenizer
-from agentgym_rl.actors.sampler import EpisodeRequest, SamplerActor
+from agentgym_rl.actors.sampler import EpisodeRequest, SamplerActor, start_collect
 from agentgym_rl.configs import load_config
 from agentgym_rl.envs import make
 
@@ -45,7 +46,7 @@ def test_kv_reuse_plays_identical_episodes_and_frees_its_cache(ray_local):
     states = {}
     for cached_tokens in (0, 50_000):
         sampler = start_sampler(cached_tokens)
-        played[cached_tokens] = ray.get(ray.get(sampler.collect.remote(requests)))
+        played[cached_tokens] = ray.get(start_collect(sampler, requests))
         states[cached_tokens] = ray.get(sampler.state.remote())
         ray.kill(sampler)
     plain, reused = played[0], played[50_000]

@@ -12,6 +12,9 @@ import openai
 import pytest
 import ray
 import torch
+from pydantic import ValidationError
+from ray import serve as ray_serve
+
 from agentgym_rl.actors.chat import ChatFormat
 from agentgym_rl.actors.engines import make_engine
 from agentgym_rl.actors.engines.serving import choice_seed, seeded_generator
@@ -21,8 +24,6 @@ from agentgym_rl.configs.schema import SamplingConfig, ServeConfig
 from agentgym_rl.driver.learners import free_port
 from agentgym_rl.serve.app import ServeArgs, build_app, delete_app, start_server, stop_server
 from agentgym_rl.serve.text import ReplyText
-from pydantic import ValidationError
-from ray import serve as ray_serve
 
 API_KEY = "test-key-123"
 MAX_TOKENS = 64

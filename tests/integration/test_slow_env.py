@@ -8,10 +8,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import ray
-from agentgym_rl.actors.sampler import EpisodeRequest, SamplerActor
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentgym_rl.actors.sampler import EpisodeRequest, SamplerActor, start_collect
 from agentgym_rl.configs import load_config
 from agentgym_rl.envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv
-from pydantic import BaseModel, ConfigDict, Field
 
 # Env actors run in their own processes (cwd: the repository); they import this module by this name.
 ENV_NAME = "tests.integration.test_slow_env:CountdownEnv"
@@ -94,17 +95,17 @@ def test_fast_episodes_finish_while_a_20x_slower_env_is_still_stepping(ray_local
     sampler = start_sampler(4, {"step_delay_s": 0.1})
     try:
         # Warm-up: every env actor started and the model loaded, so only step times differ below.
-        ray.get(ray.get(sampler.collect.remote([EpisodeRequest(task_id=t, group=0, seed=t) for t in range(4)])))
+        ray.get(start_collect(sampler, [EpisodeRequest(task_id=t, group=0, seed=t) for t in range(4)]))
         calls_before = ray.get(sampler.state.remote())["generate_calls"]
         tasks = [SLOW_TASK, 1, 2, 3]
-        refs = {sampler.collect.remote([EpisodeRequest(task_id=t, group=g, seed=g)]): t for g, t in enumerate(tasks)}
+        refs = {start_collect(sampler, [EpisodeRequest(task_id=t, group=g, seed=g)])[0]: t for g, t in enumerate(tasks)}
         order = []
         waiting = list(refs)
         while waiting:
             ready, waiting = ray.wait(waiting, num_returns=1)
             order.append(refs[ready[0]])
         assert order[-1] == SLOW_TASK and sorted(order[:3]) == [1, 2, 3]
-        trajectories = [ray.get(ray.get(ref)[0]) for ref in refs]
+        trajectories = ray.get(list(refs))
         assert all(t.num_turns == 3 and t.done and not t.failed for t in trajectories)
         stats = ray.get(sampler.state.remote())
         # The fast episodes' turns shared generation batches instead of waiting for the slow env.
@@ -116,17 +117,15 @@ def test_fast_episodes_finish_while_a_20x_slower_env_is_still_stepping(ray_local
 def test_an_env_that_dies_is_replaced_retried_once_and_recorded_as_failed(ray_local):
     sampler = start_sampler(2, {})
     try:
-        refs = ray.get(
-            sampler.collect.remote(
-                [EpisodeRequest(task_id=DYING_TASK, group=0, seed=0), EpisodeRequest(task_id=1, group=1, seed=1)]
-            )
+        refs = start_collect(
+            sampler, [EpisodeRequest(task_id=DYING_TASK, group=0, seed=0), EpisodeRequest(task_id=1, group=1, seed=1)]
         )
         dying, healthy = ray.get(refs)
         assert dying.failed and dying.token_ids == [] and dying.failure_reason.count("Actor") >= 2
         assert not healthy.failed and healthy.done and healthy.num_turns == 3
         assert ray.get(sampler.state.remote())["env_replacements"] == 2
         # the replacement actors serve the next episodes
-        again = ray.get(ray.get(sampler.collect.remote([EpisodeRequest(task_id=2, group=0, seed=2)]))[0])
+        again = ray.get(start_collect(sampler, [EpisodeRequest(task_id=2, group=0, seed=2)])[0])
         assert again.done and not again.failed
     finally:
         ray.kill(sampler)
@@ -135,7 +134,7 @@ def test_an_env_that_dies_is_replaced_retried_once_and_recorded_as_failed(ray_lo
 def test_a_hung_env_times_out_and_the_episode_succeeds_on_a_fresh_actor(ray_local, tmp_path: Path):
     sampler = start_sampler(1, {"marker": str(tmp_path / "hung-once")}, env_timeout_s=3.0)
     try:
-        refs = ray.get(sampler.collect.remote([EpisodeRequest(task_id=HANGING_TASK, group=0, seed=0)]))
+        refs = start_collect(sampler, [EpisodeRequest(task_id=HANGING_TASK, group=0, seed=0)])
         trajectory = ray.get(refs[0])
         assert not trajectory.failed and trajectory.done and trajectory.num_turns == 3
         assert ray.get(sampler.state.remote())["env_replacements"] == 1

@@ -16,6 +16,9 @@ from typing import Annotated, Any
 import psutil
 import pytest
 import ray
+from fastapi import Body, FastAPI
+from fastapi.responses import PlainTextResponse
+
 from agentgym_rl.driver.learners import free_port
 from agentgym_rl.envs.actor import create_env_actor
 from agentgym_rl.envs.base import EnvError
@@ -23,9 +26,6 @@ from agentgym_rl.envs.http import AgentGymClient
 from agentgym_rl.envs.http.client import RemoteEnvError
 from agentgym_rl.envs.web import WebArenaClient, WebEnv
 from agentgym_rl.envs.web.tasks import TASKS
-from fastapi import Body, FastAPI
-from fastapi.responses import PlainTextResponse
-
 from tests.integration.http_server import serve
 
 pytestmark = pytest.mark.skipif(

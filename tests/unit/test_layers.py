@@ -34,6 +34,7 @@ def lint(tree: Path) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         timeout=120,
+        check=False,
     )
 
 

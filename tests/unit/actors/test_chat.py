@@ -1,4 +1,5 @@
 import pytest
+
 from agentgym_rl.actors.chat import ChatFormat, TemplateError
 
 

@@ -1,4 +1,5 @@
 import pytest
+
 from agentgym_rl.actors.curriculum import horizon_at
 from agentgym_rl.configs.schema import CurriculumConfig
 

@@ -4,11 +4,12 @@ import asyncio
 import itertools
 
 import pytest
+from pydantic import ValidationError
+
 from agentgym_rl.actors.curriculum import CurriculumActor, adaptive_advance, horizon_at
 from agentgym_rl.configs import load_config
 from agentgym_rl.configs.schema import CurriculumConfig
 from agentgym_rl.driver.run import check_algorithm
-from pydantic import ValidationError
 
 STEPWISE = CurriculumConfig(schedule="stepwise", horizons=[6, 13, 20], advance_every=100)
 

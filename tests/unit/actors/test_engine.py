@@ -13,11 +13,11 @@ import importlib.util
 
 import pytest
 import torch
+
 from agentgym_rl.actors.engines import EngineUnavailableError, make_engine
 from agentgym_rl.actors.models import build_tiny_random, load_model
 from agentgym_rl.actors.weights import pack_state_dict
 from agentgym_rl.configs.schema import SamplerConfig, SamplingConfig
-
 from tests.unit.actors.helpers import tiny_engine
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from agentgym_rl.actors.models import load_model
 from agentgym_rl.actors.weights import pack_state_dict
 from agentgym_rl.configs.schema import SamplingConfig
-
 from tests.unit.actors.helpers import tiny_engine
 
 SAMPLING = SamplingConfig(max_new_tokens=10)

@@ -2,6 +2,7 @@
 
 import pytest
 import ray
+
 from agentgym_rl.actors.cluster import (
     ActorNeed,
     ClusterError,

@@ -6,7 +6,6 @@ from agentgym_rl.actors.chat import ChatFormat
 from agentgym_rl.actors.rollout import run_episode
 from agentgym_rl.configs.schema import SamplingConfig
 from agentgym_rl.envs.actor import EnvHost
-
 from tests.unit.actors.helpers import tiny_engine
 
 

@@ -18,15 +18,15 @@ import copy
 import functools
 
 import pytest
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
 from agentgym_rl.actors.chat import ChatFormat, TemplateError
 from agentgym_rl.actors.engines import Generation
 from agentgym_rl.actors.rollout import run_episode
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.configs.schema import SamplingConfig
 from agentgym_rl.envs import make
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
-
 from tests.unit.actors.helpers import tiny_engine
 
 LLAMA3 = (

@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 import structlog.testing
+
 from agentgym_rl.configs import Config, ConfigError, dump_config, load_config
 from agentgym_rl.configs.loader import parse_override
 

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from agentgym_rl.driver.cli import main
 from agentgym_rl.driver.compare import (
     CompareError,

@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from agentgym_rl.actors.chat import ChatFormat
 from agentgym_rl.actors.engines.base import Generation
 from agentgym_rl.actors.rollout import run_episode

@@ -1,20 +1,20 @@
-"""Evaluation metrics against hand-computed values, task categories from real envs, checkpoint resolution."""
+"""Evaluation metrics against hand-computed values, turn limits, checkpoint resolution (task categories and scores
+are env hooks: tests/unit/envs/test_env_hooks.py)."""
 
 import itertools
 import shutil
 from pathlib import Path
 
 import pytest
+
 from agentgym_rl.actors.models import model_dir
 from agentgym_rl.actors.rundir import RunDir
-from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.configs import Config, ConfigError, dump_config, load_config
 from agentgym_rl.driver.evaluate import (
     EpisodeResult,
     EvalError,
     EvalOptions,
     build_config,
-    episode_score,
     episode_seeds,
     eval_turn_limit,
     mean_interval,
@@ -23,11 +23,9 @@ from agentgym_rl.driver.evaluate import (
     resolve_checkpoint,
     summarize,
     summarize_by_category,
-    task_category,
     wilson_interval,
 )
-from agentgym_rl.envs import EnvError, make
-from agentgym_rl.envs.textcraft import goals
+from agentgym_rl.envs import EnvError
 
 
 @pytest.mark.parametrize(
@@ -131,34 +129,6 @@ def test_pick_tasks_spreads_evenly_and_checks_the_count():
         pick_tasks(list(range(10)), 11)
 
 
-def trajectory(env: str, rewards: list[float], success: bool) -> Trajectory:
-    return Trajectory(
-        env=env,
-        task_id=0,
-        group=0,
-        token_ids=[1, 2],
-        loss_mask=[0, 1],
-        logprobs=[0.0, -1.0],
-        prompt_length=1,
-        turn_spans=[(1, 2)],
-        messages=[],
-        actions=["x"],
-        step_rewards=rewards,
-        reward=sum(rewards),
-        success=success,
-        done=True,
-        truncated=False,
-        horizon=5,
-        weights_version=0,
-    )
-
-
-def test_episode_score_puts_sciworld_on_0_to_100_and_failure_at_zero():
-    assert episode_score(trajectory("sciworld", [0.25, 0.5], False)) == pytest.approx(75.0)
-    assert episode_score(trajectory("sciworld", [0.3, -1.3], False)) == 0.0  # simulator score -100: failed
-    assert episode_score(trajectory("textcraft", [1.0], True)) == 1.0
-
-
 def test_eval_turn_limits_are_the_papers_for_every_env_that_has_one():
     paper = {"babyai": 20, "sciworld": 30, "textcraft": 30, "search": 30, "web": 15, "webarena-remote": 15}
     assert {name: eval_turn_limit(name, None) for name in paper} == paper
@@ -167,26 +137,6 @@ def test_eval_turn_limits_are_the_papers_for_every_env_that_has_one():
         eval_turn_limit("target-word", None)
     with pytest.raises(EnvError, match="unknown env 'webarena'"):
         eval_turn_limit("webarena", None)
-
-
-def test_categories_of_real_envs():
-    babyai = make("babyai", {"oracle": False})
-    assert task_category(babyai, 41) == "GoToRedBall"  # LEVELS[41 % 40]
-    textcraft = make("textcraft")
-    assert task_category(textcraft, goals().index("minecraft:oak_planks")) == "depth 1"  # planks from logs
-    assert task_category(textcraft, goals().index("minecraft:wooden_pickaxe")) == "depth 2"  # planks and sticks
-
-
-def test_category_of_sciworld_is_its_task_name():
-    pytest.importorskip("scienceworld")
-    if shutil.which("java") is None:
-        pytest.skip("SciWorld needs a java binary")
-    env = make("sciworld")
-    try:
-        assert task_category(env, 0) == "boil"  # ids 0-29 are boil (REFERENCE.md)
-        assert task_category(env, 30) == "melt"
-    finally:
-        env.close()
 
 
 def make_checkpoint(root: Path, iteration: int) -> Path:

@@ -1,6 +1,7 @@
 """Multi-env training without Ray: task apportionment, the `envs` config checks, derived per-env configs."""
 
 import pytest
+
 from agentgym_rl.configs import ConfigError, dump_config, load_config
 from agentgym_rl.driver.mix import apportion, check_envs, env_metrics, env_run_config, mix_entries, schedule_seed
 from agentgym_rl.driver.tasks import TaskSchedule

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from matplotlib.image import imread
+
 from agentgym_rl.actors.rundir import RunDir
 from agentgym_rl.driver.plot import PlotError, parse_run_arguments, plot_runs, read_curves, read_records
-from matplotlib.image import imread
 
 
 def make_run(path: Path, successes: list[float], horizons: list[int]) -> Path:
@@ -83,7 +84,15 @@ def test_bad_runs_are_named(tmp_path: Path):
 
 def test_cli_reports_a_missing_run_and_exits_2(tmp_path: Path):
     result = subprocess.run(
-        [sys.executable, "-m", "agentgym_rl.driver.cli", "plot", str(tmp_path / "nope"), "--output", str(tmp_path / "p.png")],
+        [
+            sys.executable,
+            "-m",
+            "agentgym_rl.driver.cli",
+            "plot",
+            str(tmp_path / "nope"),
+            "--output",
+            str(tmp_path / "p.png"),
+        ],
         check=False,
         capture_output=True,
         text=True,

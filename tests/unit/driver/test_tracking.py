@@ -1,31 +1,24 @@
 """Which trajectories a run keeps on disk (logging.max_trajectories_per_iteration)."""
 
 import pytest
+
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.configs import Config
 from agentgym_rl.driver.tracking import conversation_text, select_trajectories
+from tests.factories import make_trajectory
 
 
 def episode(group: int, success: bool) -> Trajectory:
-    return Trajectory(
-        env="babyai",
-        task_id=group,
+    return make_trajectory(
+        [1, 2, 3],
+        [0, 1, 1],
+        [1.0 if success else 0.0],
         group=group,
-        token_ids=[1, 2, 3],
-        loss_mask=[0, 1, 1],
         logprobs=[0.0, -0.5, -0.5],
-        prompt_length=1,
-        turn_spans=[(1, 3)],
         messages=[{"role": "system", "content": "s"}, {"role": "user", "content": f"obs {group}"}],
         actions=["Action: go"],
-        step_rewards=[1.0 if success else 0.0],
-        reward=1.0 if success else 0.0,
-        success=success,
-        done=success,
         truncated=not success,
-        truncation_reason=None if success else "horizon",
         horizon=3,
-        weights_version=0,
     )
 
 

@@ -1,6 +1,7 @@
 """The warm-start phase's derived config (pure: no Ray, no model)."""
 
 import pytest
+
 from agentgym_rl.configs import ConfigError, load_config
 from agentgym_rl.driver.warm_start import warm_start_config
 

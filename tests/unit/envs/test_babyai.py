@@ -9,6 +9,7 @@ import gymnasium
 import numpy as np
 import pydantic
 import pytest
+
 from agentgym_rl.envs.babyai import LEVELS, NO_ACTION_FOUND, NOT_RECOGNIZED, BabyAIEnv, gym_id
 from agentgym_rl.envs.base import EnvError, InvalidAction, StepResult
 
@@ -143,9 +144,9 @@ def test_unavailable_actions_explain_why(env: BabyAIEnv, action: str, message: s
     assert result.info["primitive_steps"] == 0
 
 
-def test_render_grid_is_an_rgb_frame(env: BabyAIEnv) -> None:
+def test_render_frame_is_an_rgb_frame(env: BabyAIEnv) -> None:
     env.reset(0)
-    frame = env.render_grid()
+    frame = env.render_frame()
     assert frame.ndim == 3 and frame.shape[2] == 3 and frame.dtype == np.uint8
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import agentgym_rl.envs.gym
 import gymnasium
 import pydantic
 import pytest
+
+import agentgym_rl.envs.gym
 from agentgym_rl import envs
 from agentgym_rl.envs.babyai import BabyAIEnv
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pydantic
 import pytest
+
 from agentgym_rl.envs import registry
 from agentgym_rl.envs.base import EnvError, InvalidAction, StepResult
 from agentgym_rl.envs.sciworld import NO_ACTION_FOUND, SciWorldEnv

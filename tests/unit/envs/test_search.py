@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pydantic
 import pytest
+
 from agentgym_rl.envs import registry
 from agentgym_rl.envs.base import EnvError, StepResult
 from agentgym_rl.envs.search import (

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 import structlog
+
 from agentgym_rl.driver.trainer import warn_without_state_keys
 from agentgym_rl.envs.actor import EnvHost
 from agentgym_rl.envs.babyai import BabyAIEnv

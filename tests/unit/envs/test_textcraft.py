@@ -6,6 +6,7 @@ import random
 
 import pydantic
 import pytest
+
 from agentgym_rl.envs import registry
 from agentgym_rl.envs.base import EnvError, InvalidAction, StepResult
 from agentgym_rl.envs.textcraft import NO_ACTION_FOUND, TextCraftEnv, goals, recipe_book

@@ -12,6 +12,7 @@ from pathlib import Path
 import playwright
 import psutil
 import pytest
+
 from agentgym_rl.envs.base import EnvError, InvalidAction
 from agentgym_rl.envs.registry import make
 from agentgym_rl.envs.web import WebEnv

@@ -7,6 +7,7 @@ so the sampled-token mask is [0, 1, 1, 0, 0, 1, 1]; a turn's reward sits on its 
 
 import pytest
 import torch
+
 from agentgym_rl.learner.advantages import (
     discounted_returns,
     discounted_turn_returns,

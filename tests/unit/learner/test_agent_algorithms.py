@@ -5,13 +5,14 @@ import math
 
 import pytest
 import torch
+
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.configs import Config, ConfigError
 from agentgym_rl.driver.run import check_algorithm
 from agentgym_rl.learner.advantages import whiten
 from agentgym_rl.learner.algorithms import CISPO, GSPO, AlgorithmConfigError, GiGPO, build_algorithm
 from agentgym_rl.learner.batching import collate
-
+from tests.factories import make_trajectory
 from tests.unit.learner.helpers import two_turn_trajectory
 
 
@@ -24,34 +25,22 @@ def episode(
     truncated: bool = False,
 ) -> Trajectory:
     """A hand-made episode: a 2-token prompt, then per turn a 2-token reply and (between turns) 1 env token."""
-    ids, mask, spans = [1, 2], [0, 0], []
+    ids, mask = [1, 2], [0, 0]
     for k in range(len(step_rewards)):
         if k:
             ids.append(3)
             mask.append(0)
-        spans.append((len(ids), len(ids) + 2))
         ids += [10 + k, 20 + k]
         mask += [1, 1]
-    return Trajectory(
-        env="babyai",
-        task_id=group,
+    return make_trajectory(
+        ids,
+        mask,
+        step_rewards,
         group=group,
-        token_ids=ids,
-        loss_mask=mask,
-        logprobs=[-1.0 if m else 0.0 for m in mask],
-        prompt_length=2,
-        turn_spans=spans,
-        messages=[],
-        actions=["a"] * len(step_rewards),
-        step_rewards=step_rewards,
         state_keys=state_keys or [],
         turn_capped=capped or [],
-        reward=sum(step_rewards),
-        success=sum(step_rewards) > 0,
-        done=not truncated,
         truncated=truncated,
-        horizon=len(step_rewards),
-        weights_version=0,
+        truncation_reason=None,
     )
 
 

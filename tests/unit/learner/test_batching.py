@@ -1,6 +1,6 @@
 import torch
-from agentgym_rl.learner.batching import collate, pack, plan_rows, select_rows, unpack_targets
 
+from agentgym_rl.learner.batching import collate, pack, plan_rows, select_rows, unpack_targets
 from tests.unit.learner.helpers import two_turn_trajectory
 
 

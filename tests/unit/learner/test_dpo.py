@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+
 from agentgym_rl.configs import Config
 from agentgym_rl.configs.loader import apply_override
 from agentgym_rl.learner.actor import LearnerActor
@@ -11,7 +12,6 @@ from agentgym_rl.learner.algorithms import build_algorithm, build_pairs
 from agentgym_rl.learner.algorithms.base import LOGPROBS, LOSS_MASK, REF_LOGPROBS
 from agentgym_rl.learner.algorithms.dpo import CHOSEN, PAIR
 from agentgym_rl.learner.losses import dpo_loss
-
 from tests.unit.learner.helpers import batch_of, two_turn_trajectory
 from tests.unit.learner.test_learner import gradients
 

@@ -1,4 +1,5 @@
 import torch
+
 from agentgym_rl.actors.models import load_model
 from agentgym_rl.learner.forward import masked_token_outputs
 

@@ -2,12 +2,12 @@
 
 import pytest
 import torch
+
 from agentgym_rl.actors.models import load_model
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.configs import Config
 from agentgym_rl.configs.loader import apply_override
 from agentgym_rl.learner.actor import LearnerActor
-
 from tests.unit.learner.helpers import batch_of
 
 ALGORITHMS = {

@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+
 from agentgym_rl.learner.algorithms import GRPO, AlgorithmConfigError, build_algorithm
 from agentgym_rl.learner.losses import (
     aggregate,

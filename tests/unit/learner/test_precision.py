@@ -2,10 +2,10 @@
 
 import pytest
 import torch
+
 from agentgym_rl.actors.engines.transformers_engine import TransformersEngine
 from agentgym_rl.actors.weights import pack_state_dict, unpack_state_dict
 from agentgym_rl.learner.precision import BFloat16Compute, resolve_precision
-
 from tests.unit.learner.helpers import batch_of
 from tests.unit.learner.test_learner import make_learner
 

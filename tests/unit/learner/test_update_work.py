@@ -3,9 +3,9 @@ no reference model without a KL term, no forward or backward for groups whose re
 
 import pytest
 import torch
+
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.learner.algorithms import AlgorithmConfigError, build_algorithm
-
 from tests.unit.learner.helpers import batch_of, two_turn_trajectory
 from tests.unit.learner.test_learner import gradients, make_learner
 

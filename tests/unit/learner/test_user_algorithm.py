@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from agentgym_rl.configs import Config
 from agentgym_rl.learner.actor import LearnerActor
 from agentgym_rl.learner.algorithms import AlgorithmConfigError, build_algorithm
-
 from tests.unit.learner.helpers import batch_of
 
 README = Path(__file__).resolve().parents[3] / "README.md"

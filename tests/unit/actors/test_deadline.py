@@ -6,7 +6,7 @@ import sys
 
 HANGS = """
 import time
-from agentgym_rl.serve.cli import deadline
+from agentgym_rl.actors.cluster import deadline
 with deadline(1.0, "the test's shutdown", exit_code=130):
     time.sleep(120)
 print("not reached")
@@ -14,7 +14,7 @@ print("not reached")
 
 FINISHES = """
 import time
-from agentgym_rl.serve.cli import deadline
+from agentgym_rl.actors.cluster import deadline
 with deadline(1.0, "the test's shutdown", exit_code=130):
     time.sleep(0.1)  # a shutdown that finishes well inside its deadline
 time.sleep(2)  # past the deadline: the cancelled timer must not fire
