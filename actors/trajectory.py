@@ -83,3 +83,15 @@ class Trajectory(BaseModel):
     @property
     def num_sampled_tokens(self) -> int:
         return sum(self.loss_mask)
+
+
+def sampled_spans(loss_mask: list[int]) -> list[tuple[int, int]]:
+    """``[start, end)`` of each run of 1s in ``loss_mask``: the turns' sampled replies."""
+    spans, start = [], None
+    for i, bit in enumerate([*loss_mask, 0]):
+        if bit and start is None:
+            start = i
+        elif not bit and start is not None:
+            spans.append((start, i))
+            start = None
+    return spans

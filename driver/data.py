@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from agentgym_rl.actors.chat import ChatFormat
 from agentgym_rl.actors.models import load_tokenizer
 from agentgym_rl.actors.rundir import RunDir
-from agentgym_rl.actors.trajectory import Trajectory
+from agentgym_rl.actors.trajectory import Trajectory, sampled_spans
 from agentgym_rl.configs.errors import AgentGymError
 
 
@@ -139,18 +139,6 @@ def export_run(run_dir: Path, output: Path) -> int:
     return count
 
 
-def _spans(loss_mask: list[int]) -> list[tuple[int, int]]:
-    """``[start, end)`` of each run of 1s."""
-    spans, start = [], None
-    for i, m in enumerate([*loss_mask, 0]):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            spans.append((start, i))
-            start = None
-    return spans
-
-
 def render_episode(episode: Episode, chat: ChatFormat) -> tuple[list[int], list[int]]:
     """``(token_ids, loss_mask)`` of ``episode``'s messages, as a rollout would have produced them.
 
@@ -187,7 +175,7 @@ def to_trajectory(episode: Episode, group: int, chat: ChatFormat | None) -> Traj
     else:
         assert chat is not None, "episodes without token ids need a chat format"
         token_ids, loss_mask = render_episode(episode, chat)
-    spans = _spans(loss_mask)
+    spans = sampled_spans(loss_mask)
     actions = episode.actions
     if actions is None:
         actions = [m["content"] for m in episode.messages if m.get("role") == "assistant"]

@@ -4,19 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentgym_rl.actors.trajectory import Trajectory
-
-
-def sampled_spans(loss_mask: list[int]) -> list[tuple[int, int]]:
-    """The runs of 1s in ``loss_mask``, as ``(start, end)`` token spans: one per turn."""
-    spans, start = [], None
-    for i, bit in enumerate([*loss_mask, 0]):
-        if bit and start is None:
-            start = i
-        elif not bit and start is not None:
-            spans.append((start, i))
-            start = None
-    return spans
+from agentgym_rl.actors.trajectory import Trajectory, sampled_spans
 
 
 def make_trajectory(

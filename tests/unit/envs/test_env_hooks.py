@@ -5,44 +5,22 @@ from __future__ import annotations
 
 import re
 import shutil
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
 from agentgym_rl import envs
-from agentgym_rl.envs import EnvError, InvalidAction, Observation, StepResult, TextEnv
+from agentgym_rl.envs import EnvError, TextEnv
 from agentgym_rl.envs.actor import EnvHost
 from agentgym_rl.envs.babyai import LEVELS, BabyAIEnv
 from agentgym_rl.envs.textcraft import goals
+from tests.unit.envs.test_state_keys import Plain
 
 ROOT = Path(__file__).parents[3]
 OUTSIDE_ENVS = ("actors", "driver", "learner", "serve")
 HAS_ORACLE = {"babyai", "sciworld", "search", "target-word", "textcraft", "web"}
 HAS_FRAMES = {"babyai"}
-
-
-class Plain(TextEnv):
-    """An env that overrides no hook: one task, one turn."""
-
-    name = "plain"
-
-    @property
-    def instruction(self) -> str:
-        return "say anything"
-
-    def tasks(self, split: str) -> Sequence[int]:
-        return [0]
-
-    def reset(self, task_id: int) -> Observation:
-        return Observation(text="go")
-
-    def step(self, action_text: str) -> StepResult:
-        return StepResult(observation="ok", reward=0.0, done=True)
-
-    def parse_action(self, model_text: str) -> str | InvalidAction:
-        return model_text
 
 
 def made(name: str) -> TextEnv:
@@ -138,7 +116,7 @@ def test_the_host_replies_with_the_oracle_of_an_env_that_has_one():
     host = EnvHost("target-word")
     host.reset(0)
     assert host.env.parse_action(host.oracle_reply()) == host.env.oracle_action()
-    plain = EnvHost(f"{__name__}:Plain")
+    plain = EnvHost("tests.unit.envs.test_state_keys:Plain")
     plain.reset(0)
     with pytest.raises(EnvError, match="'plain' has no oracle; sampler.policy=oracle needs one"):
         plain.oracle_reply()
