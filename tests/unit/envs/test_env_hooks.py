@@ -34,8 +34,9 @@ def made(name: str) -> TextEnv:
 
 
 def test_every_env_declares_whether_it_has_an_oracle_and_frames():
-    assert {name for name in envs.names() if envs.env_class(name).has_oracle()} == HAS_ORACLE
-    assert {name for name in envs.names() if envs.env_class(name).has_frames()} == HAS_FRAMES
+    shipped = [name for name in envs.names() if not name.startswith("test-")]  # other tests register test- envs
+    assert {name for name in shipped if envs.env_class(name).has_oracle()} == HAS_ORACLE
+    assert {name for name in shipped if envs.env_class(name).has_frames()} == HAS_FRAMES
 
 
 @pytest.mark.parametrize("name", envs.names())
