@@ -132,7 +132,7 @@ class Trainer(ABC):
                 raise self._pool_error(slot, exc) from exc
         # Where a learner restart goes back to while no checkpoint exists.
         self.initial_state = self._env_states()
-        described = ray.get(self.learner.describe.remote())
+        described = self._describe_learner()
         if self.mixed:
             described["tasks_per_env"] = {slot.name: slot.schedule.per_iteration for slot in self.slots}
         tokens_per_iteration = (
@@ -151,6 +151,13 @@ class Trainer(ABC):
     def _start_learners(self) -> None:
         self.learners = start_learners(self.config, total_updates(self.config))
         self.learner = self.learners[0]  # the one that publishes weights
+
+    def _describe_learner(self) -> dict:
+        """Rank 0's description (algorithm, precision, parameters, ...) for the start-up log."""
+        try:
+            return ray.get(self.learner.describe.remote())
+        except ray.exceptions.RayActorError as exc:
+            raise self._learner_died("start-up", exc) from exc
 
     def _restore(self) -> None:
         checkpoint = self.run_dir.latest_checkpoint()

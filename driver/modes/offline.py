@@ -53,7 +53,7 @@ class OfflineTrainer(Trainer):
         self.slots = []
         self._start_learners()
         self.initial_state = self._env_states()
-        log.info("actors ready", **ray.get(self.learner.describe.remote()))
+        log.info("actors ready", **self._describe_learner())
 
     def _env_states(self) -> dict:
         return {"task_schedule": self.schedule.state()}

@@ -27,6 +27,8 @@ BASE = {
     "logging": {"progress": False},
     "ray": {"num_cpus": 2},
 }
+# AgentEvol explores with the env's oracle, so its rounds have successes to keep.
+ORACLE_SAMPLER = {"policy": "oracle", "max_context_tokens": 4096, "sampling": {"max_new_tokens": 16}}
 
 
 def write_config(tmp_path: Path, name: str, **sections) -> Path:
@@ -81,12 +83,7 @@ def test_agentevol_rounds_explore_filter_merge_and_fine_tune(tmp_path: Path):
     config = write_config(
         tmp_path,
         "evol",
-        sampler={
-            "policy": "oracle",
-            "envs_per_sampler": 4,
-            "max_context_tokens": 4096,
-            "sampling": {"max_new_tokens": 16},
-        },
+        sampler={**ORACLE_SAMPLER, "envs_per_sampler": 4},
         algorithm={"name": "sft"},
         # an 8-turn horizon cuts the oracle short on some tasks, so the filter has failures to drop
         curriculum={"schedule": "fixed", "horizon": 8},
@@ -133,12 +130,7 @@ def test_agentevol_runs_in_the_trainers_session(tmp_path: Path):
     config = write_config(
         tmp_path,
         "evol-session",
-        sampler={
-            "policy": "oracle",
-            "envs_per_sampler": 2,
-            "max_context_tokens": 4096,
-            "sampling": {"max_new_tokens": 16},
-        },
+        sampler={**ORACLE_SAMPLER, "envs_per_sampler": 2},
         algorithm={"name": "sft"},
         # the oracle succeeds within 8 turns on some tasks, so round 0's success rate passes the threshold
         curriculum={
