@@ -7,6 +7,7 @@ directory and lints that copy.
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -14,6 +15,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("actors", "configs", "driver", "envs", "learner", "serve")
+# What the unit tests of each package may import: that package and the layers below it.
+BELOW = {
+    "configs": {"configs"},
+    "envs": {"configs", "envs"},
+    "actors": {"configs", "envs", "actors"},
+    "learner": {"configs", "envs", "actors", "learner"},
+    "serve": {"configs", "envs", "actors", "serve"},
+    "driver": set(PACKAGES),
+}
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
 
@@ -51,3 +61,27 @@ def test_an_upward_import_breaks_the_contract(tmp_path: Path) -> None:
     result = lint(tree)
     assert result.returncode != 0
     assert "agentgym_rl.configs is not allowed to import agentgym_rl.driver" in result.stdout
+
+
+def imported_packages(path: Path) -> set[str]:
+    """The project packages a test module imports, from ``agentgym_rl`` or through another unit test's module."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+        names += [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+        for parts in (name.split(".") for name in names):
+            if parts[0] == "agentgym_rl" and len(parts) > 1:
+                found.add(parts[1])
+            elif parts[:2] == ["tests", "unit"] and len(parts) > 2 and parts[2] in BELOW:
+                found.add(parts[2])
+    return found
+
+
+def test_the_unit_tests_follow_the_layers():
+    crossing = {
+        str(path.relative_to(ROOT)): sorted(imported_packages(path) - allowed)
+        for package, allowed in BELOW.items()
+        for path in sorted((ROOT / "tests" / "unit" / package).glob("*.py"))
+        if imported_packages(path) - allowed
+    }
+    assert crossing == {}

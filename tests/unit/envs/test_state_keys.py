@@ -7,9 +7,7 @@ import shutil
 from collections.abc import Sequence
 
 import pytest
-import structlog
 
-from agentgym_rl.driver.trainer import warn_without_state_keys
 from agentgym_rl.envs.actor import EnvHost
 from agentgym_rl.envs.babyai import BabyAIEnv
 from agentgym_rl.envs.base import InvalidAction, Observation, StepResult, TextEnv, state_digest
@@ -17,7 +15,6 @@ from agentgym_rl.envs.sciworld import SciWorldEnv
 from agentgym_rl.envs.target_word import TargetWordEnv
 from agentgym_rl.envs.textcraft import TextCraftEnv
 from agentgym_rl.envs.web import WebEnv
-from agentgym_rl.learner.algorithms import build_algorithm
 
 
 class Plain(TextEnv):
@@ -49,14 +46,6 @@ def test_the_hook_defaults_to_none_and_the_host_stamps_its_digest():
     assert plain.reset(0).state_key is None and plain.step("x").state_key is None
     assert state_digest(None) is None
     assert state_digest(("a", 1, b"\x00")) == state_digest(("a", 1, b"\x00")) != state_digest(("a", 2, b"\x00"))
-
-
-def test_gigpo_warns_at_start_about_an_env_without_state_keys():
-    with structlog.testing.capture_logs() as logs:
-        warn_without_state_keys(build_algorithm("gigpo", {}), Plain(), "plain")
-        warn_without_state_keys(build_algorithm("grpo", {}), Plain(), "plain")
-        warn_without_state_keys(build_algorithm("gigpo", {}), TargetWordEnv(), "target-word")
-    assert [(entry["log_level"], entry["env"]) for entry in logs] == [("warning", "plain")]
 
 
 def test_babyai_keys_follow_the_agents_pose_and_view():

@@ -7,8 +7,6 @@ import pytest
 import torch
 
 from agentgym_rl.actors.trajectory import Trajectory
-from agentgym_rl.configs import Config, ConfigError
-from agentgym_rl.driver.run import check_algorithm
 from agentgym_rl.learner.advantages import whiten
 from agentgym_rl.learner.algorithms import CISPO, GSPO, AlgorithmConfigError, GiGPO, build_algorithm
 from agentgym_rl.learner.batching import collate
@@ -193,13 +191,6 @@ def test_tis_weights_the_surrogate_and_reports_its_metrics():
     assert metrics["learner/rollout_is_ratio_mean"] == pytest.approx(1.75)
     assert metrics["learner/rollout_is_capped_frac"] == pytest.approx(0.5)
     assert not any(key.startswith("learner/rollout_is") for key in metrics_plain)
-
-
-def test_rollout_correction_refuses_the_samplers_own_old_logprobs():
-    base = {"model": {"name": "tiny-random"}, "algorithm": {"name": "grpo", "rollout_correction": "tis"}}
-    check_algorithm(Config.model_validate(base))
-    with pytest.raises(ConfigError, match="rollout_correction"):
-        check_algorithm(Config.model_validate({**base, "trainer": {"mode": "async"}}))
 
 
 def test_collate_carries_turn_ids_state_ids_and_cut_replies():
