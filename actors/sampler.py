@@ -50,6 +50,7 @@ class EpisodeRequest:
     task_id: int
     group: int
     seed: int
+    horizon: int | None = None  # the episode's turn limit; None: the horizon the curriculum last pushed
 
 
 class SamplerActor:
@@ -154,16 +155,19 @@ class SamplerActor:
         trajectory is then its own object, stored once and owned by the caller, so it outlives this sampler.
 
         Raises:
-            RuntimeError: no horizon has been pushed by the curriculum yet.
+            RuntimeError: a request without a horizon, and none pushed by the curriculum yet.
         """
         self._ensure_loop_state()
-        if self.horizon is None:
-            raise RuntimeError(f"sampler {self.index} has no horizon; register it with the CurriculumActor first")
-        horizon = self.horizon
+        pushed = self.horizon
+        if pushed is None and any(request.horizon is None for request in requests):
+            raise RuntimeError(
+                f"sampler {self.index} has no horizon; give each request one or register the sampler with the "
+                "CurriculumActor first"
+            )
         if self.instruction is None:
             await asyncio.gather(*(self._started(env) for env in self.envs))
             self.instruction = await self._instruction()
-        trajectories = await asyncio.gather(*(self._play(request, horizon) for request in requests))
+        trajectories = await asyncio.gather(*(self._play(request, request.horizon or pushed) for request in requests))
         return trajectories[0] if len(trajectories) == 1 else tuple(trajectories)
 
     async def _env_call(self, ref: ray.ObjectRef):

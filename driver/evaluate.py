@@ -263,11 +263,10 @@ def play(config: Config, tasks: list[int], samples: int, max_turns: int) -> list
         sampler_cls.remote(index=i, model=config.model, sampler=config.sampler, env=config.env, seed=config.run.seed)
         for i in range(config.sampler.count)
     ]
-    ray.get([sampler.set_horizon.remote(max_turns) for sampler in samplers])
     calls, seeds = [], []
     for group, task_id in enumerate(tasks):
         seeds.append(episode_seeds(config.run.seed, task_id, samples))
-        requests = [EpisodeRequest(task_id=task_id, group=group, seed=seed) for seed in seeds[-1]]
+        requests = [EpisodeRequest(task_id=task_id, group=group, seed=seed, horizon=max_turns) for seed in seeds[-1]]
         calls.append(start_collect(samplers[group % len(samplers)], requests))
     # Tasks finish in any order; the log reports progress about every tenth of them.
     returns = {refs[0]: refs for refs in calls}

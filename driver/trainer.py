@@ -75,6 +75,7 @@ class Trainer(ABC):
         self.policy_server = None  # the Serve model deployment's handle when serve.enabled
         self.learners: list[ray.actor.ActorHandle] = []
         self.slots: list[EnvSlot] = []  # each env's task draw and sampler pool, once the actors started
+        self.horizons: list[int] = []  # each env's horizon for the episodes launched next (``_start_horizons``)
         # The driver's own instance: which task groups the learner would skip (dynamic sampling, metrics).
         self.algorithm = build_algorithm(config.algorithm.name, config.algorithm.model_extra or {})
 
@@ -330,8 +331,8 @@ class Trainer(ABC):
         self, iteration: int, tasks: list[list[int]], first_group: int, group_size: int | None = None
     ) -> dict[ray.ObjectRef, tuple[int, int]]:
         """Start ``group_size`` episodes (default: ``algorithm.group_size``) of each of ``tasks[i]`` (env i's tasks)
-        on env i's samplers, groups numbered from ``first_group`` on; returns each collect call's (env index,
-        group). Every episode of a run reaches a sampler through here."""
+        on env i's samplers at env i's horizon (``_start_horizons``), groups numbered from ``first_group`` on;
+        returns each collect call's (env index, group). Every episode of a run reaches a sampler through here."""
         group_size = group_size or self.config.algorithm.group_size
         pending = {}
         group = first_group
@@ -341,7 +342,10 @@ class Trainer(ABC):
                 sampler = samplers[local % len(samplers)]
                 requests = [
                     EpisodeRequest(
-                        task_id=task_id, group=group, seed=episode_seed(self.config.run.seed, iteration, group, k)
+                        task_id=task_id,
+                        group=group,
+                        seed=episode_seed(self.config.run.seed, iteration, group, k),
+                        horizon=self.horizons[index],
                     )
                     for k in range(group_size)
                 ]
@@ -424,12 +428,14 @@ class Trainer(ABC):
 
     def _start_horizons(self, iteration: int) -> list[int]:
         """Move every env's curriculum to ``iteration`` (pushing changed horizons to its samplers); returns
-        each env's horizon, in env order."""
+        each env's horizon, in env order, which the episodes launched from now on carry in their requests."""
         results = ray.get([slot.pool.curriculum.start_iteration.remote(iteration) for slot in self.slots])
         for slot, result in zip(self.slots, results, strict=True):
             if result["changed"]:
                 log.info("horizon changed", env=slot.name, horizon=result["horizon"])
-        return [result["horizon"] for result in results]
+        # the horizons the episodes launched from now on carry in their requests
+        self.horizons = [result["horizon"] for result in results]
+        return self.horizons
 
     def _env_reports(self, trajectories: list[Trajectory], horizons: list[int]) -> tuple[list[dict], dict]:
         """Split an iteration's episodes (failed ones included) by env.

@@ -79,8 +79,8 @@ def test_oracle_policy_plays_demonstrations(ray_local):
         .options(num_cpus=0.1)
         .remote(index=0, model=config.model, sampler=config.sampler, env=config.env, seed=0)
     )
-    ray.get(sampler.set_horizon.remote(20))
-    refs = start_collect(sampler, [EpisodeRequest(task_id=t, group=0, seed=0) for t in (121, 161)])
+    # No curriculum pushed a horizon to this sampler: each request carries its own.
+    refs = start_collect(sampler, [EpisodeRequest(task_id=t, group=0, seed=0, horizon=20) for t in (121, 161)])
     ray.wait(refs, num_returns=len(refs))
     ray.kill(sampler)
     # Each trajectory is a return value of the one call (nothing else stored it), owned by this process: it
@@ -88,6 +88,7 @@ def test_oracle_policy_plays_demonstrations(ray_local):
     assert len(set(refs)) == 2 and len({ref.task_id() for ref in refs}) == 1
     trajectories = ray.get(refs)
     for trajectory in trajectories:
+        assert trajectory.horizon == 20
         assert trajectory.success and trajectory.done and not trajectory.truncated
         assert all(action.startswith("Action: ") for action in trajectory.actions)
         assert sum(trajectory.loss_mask) == sum(end - start for start, end in trajectory.turn_spans)
