@@ -6,9 +6,10 @@ toward ``sampler.max_envs_per_sampler`` env actors, as far as the cluster has ro
 ``actors.cluster``); fewer samplers than ``sampler.min_count`` (or a sampler with fewer env actors
 than ``sampler.min_envs_per_sampler``) ends the run with ``PoolError``.
 
-During an iteration every ``collect`` call goes through ``submit``; when its sampler dies (or dies
-after returning, taking the trajectories it owned along), ``resubmit`` drops it and plays the same
-requests (same seeds) on the least busy survivor, starting a replacement only when none is left.
+Every ``collect`` call goes through ``submit`` and is awaited with ``completed`` (training and
+evaluation alike); when its sampler dies (or dies after returning, taking the trajectories it owned
+along), ``resubmit`` drops it and plays the same requests (same seeds) on the least busy survivor,
+starting a replacement only when none is left.
 Dead env actors are handled inside each sampler (replaced while there is room, dropped otherwise).
 
 The curriculum pushes horizons to the samplers registered with it; a dead one would fail every push,
@@ -18,7 +19,9 @@ so a loss rebuilds the curriculum actor from its own state with the survivors re
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import ray
 import structlog
@@ -34,6 +37,7 @@ from agentgym_rl.actors.cluster import (
 )
 from agentgym_rl.actors.curriculum import CurriculumActor
 from agentgym_rl.actors.sampler import EpisodeRequest, SamplerActor, start_collect
+from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.configs import Config
 from agentgym_rl.configs.errors import AgentGymError
 
@@ -84,10 +88,12 @@ class SamplerPool:
 
     Args:
         config: the resolved run config.
+        label: what the pool's ``PoolError`` messages start with (the env's name in a run that mixes envs).
     """
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, label: str | None = None) -> None:
         self.config = config
+        self.label = label
         self.samplers: list[ray.actor.ActorHandle] = []
         self.env_counts: dict[ray.actor.ActorHandle, int] = {}
         self.indices: dict[ray.actor.ActorHandle, int] = {}
@@ -240,7 +246,7 @@ class SamplerPool:
     def _check_minimum(self) -> None:
         cfg = self.config.sampler
         if len(self.samplers) < cfg.min_count:
-            raise PoolError(
+            raise self._error(
                 f"{len(self.samplers)} sampler(s) alive, below sampler.min_count={cfg.min_count}, and no node has "
                 f"room for another (each needs {sampler_request(cfg)}); add nodes or lower sampler.min_count"
             )
@@ -248,11 +254,14 @@ class SamplerPool:
             self.indices[s]: self.env_counts[s] for s in self.samplers if self.env_counts[s] < cfg.min_envs_per_sampler
         }
         if short:
-            raise PoolError(
+            raise self._error(
                 f"sampler(s) {sorted(short)} have {sorted(short.values())} env actors, below "
                 f"sampler.min_envs_per_sampler={cfg.min_envs_per_sampler}, and no node has room for more (each "
                 f"needs {env_request(cfg)}); add nodes or lower sampler.min_envs_per_sampler"
             )
+
+    def _error(self, message: str) -> PoolError:
+        return PoolError(f"{self.label}: {message}" if self.label else message)
 
     # ----------------------------------------------------------------------------- losses
 
@@ -301,7 +310,7 @@ class SamplerPool:
         """Forget a collect call whose trajectories are in hand."""
         self.calls.pop(ref, None)
 
-    def resubmit(self, ref: ray.ObjectRef, iteration: int, reason: BaseException) -> ray.ObjectRef:
+    def resubmit(self, ref: ray.ObjectRef, iteration: int | None, reason: BaseException) -> ray.ObjectRef:
         """Replay the requests of ``ref``, whose sampler is gone, on the least busy live sampler.
 
         Raises:
@@ -312,7 +321,7 @@ class SamplerPool:
         if not self.samplers and sampler_room(free_resources_per_node(), self.config.sampler, 1):
             self.counters[iteration]["pool/samplers_added"] += len(self._spawn([self.config.sampler.envs_per_sampler]))
         if not self.samplers:
-            raise PoolError(
+            raise self._error(
                 f"every sampler died and no node has room to start a new one (each needs "
                 f"{sampler_request(self.config.sampler)}); add nodes"
             )
@@ -340,6 +349,41 @@ class SamplerPool:
             "pool/redispatched",
         )
         return {key: float(merged[key]) for key in keys}
+
+
+Key = TypeVar("Key")
+
+
+def completed(
+    calls: dict[ray.ObjectRef, tuple[SamplerPool, Key]], iteration: int | None
+) -> Iterator[tuple[Key, list[ray.ObjectRef], list[Trajectory]]]:
+    """Wait for collect calls started with their pool's ``submit``; yield each call's key, trajectory refs and
+    trajectories (in the order of its requests) as it completes, in completion order.
+
+    A call whose sampler died (before or after it returned) is played again on a survivor of the same pool
+    (``resubmit``; counted in ``iteration``'s ``pool/*`` metrics), so every call yields once.
+
+    Raises:
+        PoolError: a pool lost its last sampler and has no room to start another.
+    """
+    calls = dict(calls)
+    waiting = list(calls)
+    while waiting:
+        ready, waiting = ray.wait(waiting, num_returns=1)
+        call = ready[0]
+        pool, key = calls.pop(call)
+        refs = pool.returns(call)
+        try:
+            trajectories = ray.get(refs)
+        except ray.exceptions.RayError as exc:
+            if not sampler_lost(exc):
+                raise
+            retry = pool.resubmit(call, iteration, exc)
+            calls[retry] = (pool, key)
+            waiting.append(retry)
+            continue
+        pool.finish(call)
+        yield key, refs, trajectories
 
 
 def first_line(exc: BaseException) -> str:

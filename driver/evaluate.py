@@ -20,14 +20,16 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from scipy import stats
 
-from agentgym_rl.actors.cluster import init_ray
+from agentgym_rl.actors.cluster import init_ray, node_capacities, plan_actors
 from agentgym_rl.actors.models import model_dir
+from agentgym_rl.actors.pools import SamplerPool, completed
 from agentgym_rl.actors.rundir import CONFIG_FILE, POLICY_DIR, RunDir
-from agentgym_rl.actors.sampler import EpisodeRequest, SamplerActor, start_collect
+from agentgym_rl.actors.sampler import EpisodeRequest
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.configs import Config, ConfigError, load_config
 from agentgym_rl.configs.errors import AgentGymError
 from agentgym_rl.configs.loader import apply_override, format_validation_error
+from agentgym_rl.driver.needs import pool_need
 from agentgym_rl.envs import env_class, make
 
 log = structlog.get_logger()
@@ -256,35 +258,35 @@ def episode_seeds(seed: int, task_id: int, samples: int) -> list[int]:
     return [int(s) for s in np.random.SeedSequence([seed, task_id]).generate_state(samples)]
 
 
-def play(config: Config, tasks: list[int], samples: int, max_turns: int) -> list[tuple[int, Trajectory]]:
-    """Play every task ``samples`` times on the configured samplers; (seed, trajectory) pairs by task, then sample."""
-    sampler_cls = ray.remote(SamplerActor).options(num_cpus=config.sampler.num_cpus, max_concurrency=1000)
-    samplers = [
-        sampler_cls.remote(index=i, model=config.model, sampler=config.sampler, env=config.env, seed=config.run.seed)
-        for i in range(config.sampler.count)
-    ]
-    calls, seeds = [], []
+def play(config: Config, tasks: list[int], samples: int, max_turns: int) -> tuple[list[tuple[int, Trajectory]], dict]:
+    """Play every task ``samples`` times on a sampler pool sized like a run's (``sampler.count`` samplers as the
+    cluster has room, at least ``sampler.min_count``); a task whose sampler dies is played again, from the same
+    seeds, on a survivor. Returns the (seed, trajectory) pairs by task, then sample, and the pool's ``pool/*``
+    counts (samplers lost, task groups moved).
+
+    Raises:
+        ClusterError: the pool's minimum does not fit the cluster.
+        PoolError: every sampler died and the cluster has no room for another.
+    """
+    pool = SamplerPool(config)
+    pool.start(plan_actors(node_capacities(), [], [pool_need(config.env.name, config.sampler)])[0])
+    calls, seeds = {}, []
     for group, task_id in enumerate(tasks):
         seeds.append(episode_seeds(config.run.seed, task_id, samples))
         requests = [EpisodeRequest(task_id=task_id, group=group, seed=seed, horizon=max_turns) for seed in seeds[-1]]
-        calls.append(start_collect(samplers[group % len(samplers)], requests))
+        calls[pool.submit(pool.samplers[group % len(pool.samplers)], requests)] = (pool, group)
     # Tasks finish in any order; the log reports progress about every tenth of them.
-    returns = {refs[0]: refs for refs in calls}
-    played: dict[ray.ObjectRef, list[Trajectory]] = {}
-    waiting, every, successes = list(returns), max(len(calls) // 10, 1), 0
-    while waiting:
-        ready, waiting = ray.wait(waiting, num_returns=1)
-        played[ready[0]] = ray.get(returns[ready[0]])
-        successes += sum(t.success for t in played[ready[0]])
-        if len(played) % every == 0 or not waiting:
+    played: dict[int, list[Trajectory]] = {}
+    every, successes = max(len(tasks) // 10, 1), 0
+    for group, _, trajectories in completed(calls, None):
+        played[group] = trajectories
+        successes += sum(t.success for t in trajectories)
+        if len(played) % every == 0 or len(played) == len(tasks):
             episodes = len(played) * samples
-            log.info("eval progress", tasks=f"{len(played)}/{len(calls)}", success_rate=round(successes / episodes, 3))
+            log.info("eval progress", tasks=f"{len(played)}/{len(tasks)}", success_rate=round(successes / episodes, 3))
     # collect returns a call's trajectories in the order of its requests, so they line up with its seeds.
-    return [
-        pair
-        for refs, task_seeds in zip(calls, seeds, strict=True)
-        for pair in zip(task_seeds, played[refs[0]], strict=True)
-    ]
+    pairs = [pair for group, task_seeds in enumerate(seeds) for pair in zip(task_seeds, played[group], strict=True)]
+    return pairs, pool.metrics(None)
 
 
 def run_eval(options: EvalOptions) -> tuple[dict, Path]:
@@ -307,7 +309,7 @@ def run_eval(options: EvalOptions) -> tuple[dict, Path]:
         tasks = pick_tasks(list(env.tasks(options.split)), options.episodes)
         init_ray(config)
         try:
-            episodes = play(config, tasks, options.samples, max_turns)
+            episodes, pool_counts = play(config, tasks, options.samples, max_turns)
         finally:
             ray.shutdown()
         per_task = defaultdict(int)
@@ -342,6 +344,8 @@ def run_eval(options: EvalOptions) -> tuple[dict, Path]:
         "seed": options.seed,
         "max_new_tokens": config.sampler.sampling.max_new_tokens,
         "max_context_tokens": config.sampler.max_context_tokens,
+        "samplers_lost": int(pool_counts["pool/samplers_lost"]),
+        "tasks_replayed": int(pool_counts["pool/redispatched"]),
         "overall": summarize(results, options.samples),
         "categories": summarize_by_category(results, options.samples),
         "results": [r.model_dump() for r in results],

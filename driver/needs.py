@@ -12,6 +12,7 @@ from agentgym_rl.actors.cluster import (
     sampler_request,
 )
 from agentgym_rl.configs import Config
+from agentgym_rl.configs.schema import SamplerConfig
 from agentgym_rl.driver.mix import mix_entries
 
 
@@ -39,20 +40,20 @@ def run_needs(config: Config) -> tuple[list[ActorNeed], list[PoolNeed]]:
         fixed.append(ActorNeed("serve HTTP ingress", {"CPU": INGRESS_CPUS}, 1))
     if cfg.trainer.mode == "offline":
         return fixed, []
-    sampler = cfg.sampler
-    pools = [
-        PoolNeed(
-            env=entry.name,
-            sampler=sampler_request(sampler),
-            env_actor=env_request(sampler),
-            min_count=sampler.min_count,
-            count=sampler.count,
-            min_envs=sampler.min_envs_per_sampler,
-            envs=sampler.envs_per_sampler,
-        )
-        for entry in mix_entries(cfg)
-    ]
-    return fixed, pools
+    return fixed, [pool_need(entry.name, cfg.sampler) for entry in mix_entries(cfg)]
+
+
+def pool_need(env: str, sampler: SamplerConfig) -> PoolNeed:
+    """The sampler pool of ``env`` under the ``sampler`` settings: its least and wanted sizes."""
+    return PoolNeed(
+        env=env,
+        sampler=sampler_request(sampler),
+        env_actor=env_request(sampler),
+        min_count=sampler.min_count,
+        count=sampler.count,
+        min_envs=sampler.min_envs_per_sampler,
+        envs=sampler.envs_per_sampler,
+    )
 
 
 def plan_run(config: Config) -> list[list[int]]:

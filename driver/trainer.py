@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from agentgym_rl.actors.models import model_dir
-from agentgym_rl.actors.pools import PoolError, SamplerPool, sampler_lost
+from agentgym_rl.actors.pools import PoolError, SamplerPool, completed, sampler_lost
 from agentgym_rl.actors.rundir import TRAINER_STATE, RunDir
 from agentgym_rl.actors.sampler import EpisodeRequest
 from agentgym_rl.actors.trajectory import Trajectory
@@ -95,10 +95,6 @@ class Trainer(ABC):
         is env i's). A pool rebuilds it with the survivors when a sampler is lost."""
         return self.slots[0].pool.curriculum
 
-    def _pool_error(self, slot: EnvSlot, error: PoolError) -> TrainError:
-        """The run-ending error for a pool failure, naming the env when the run mixes several."""
-        return TrainError(f"{slot.name}: {error}" if self.mixed else str(error))
-
     def _new_slot(self, index: int, entry: MixEntry, per_iteration: int) -> EnvSlot:
         """Env ``index`` of the run: its task draw and its (not yet started) sampler pool."""
         cfg = self.config
@@ -116,7 +112,12 @@ class Trainer(ABC):
             env.close()
         schedule = TaskSchedule(tasks, per_iteration, schedule_seed(cfg.run.seed, index), source=source)
         derived = env_run_config(cfg, entry)
-        return EnvSlot(name=entry.name, config=derived, schedule=schedule, pool=SamplerPool(derived))
+        return EnvSlot(
+            name=entry.name,
+            config=derived,
+            schedule=schedule,
+            pool=SamplerPool(derived, label=entry.name if self.mixed else None),
+        )
 
     def _start_actors(self) -> None:
         cfg = self.config
@@ -130,7 +131,7 @@ class Trainer(ABC):
             try:
                 slot.pool.start(plan)
             except PoolError as exc:
-                raise self._pool_error(slot, exc) from exc
+                raise TrainError(str(exc)) from exc
         # Where a learner restart goes back to while no checkpoint exists.
         self.initial_state = self._env_states()
         described = self._describe_learner()
@@ -317,7 +318,7 @@ class Trainer(ABC):
             try:
                 slot.pool.refresh(iteration)
             except PoolError as exc:
-                raise self._pool_error(slot, exc) from exc
+                raise TrainError(str(exc)) from exc
         pending = self._launch_groups(iteration, [slot.schedule.next() for slot in self.slots], first_group=0)
         log.info(
             "rollout started",
@@ -385,42 +386,26 @@ class Trainer(ABC):
     def _await_rollout(
         self, pending: dict[ray.ObjectRef, tuple[int, int]], iteration: int, progress: Progress | None
     ) -> tuple[list[ray.ObjectRef], list[Trajectory]]:
-        """Wait for the collect calls of ``_launch_rollout``; returns trajectory refs and trajectories, by group.
+        """Wait for the collect calls of ``_launch_groups``; returns trajectory refs and trajectories, by group.
 
         A call whose sampler died (before or after it returned) is played again on a survivor of the same
-        env's pool, so the iteration completes with every task group.
+        env's pool (``actors.pools.completed``), so the iteration completes with every task group.
         """
         group_size = self.config.algorithm.group_size
         bar = None
         if progress is not None:
             bar = progress.add_task(f"iteration {iteration} episodes", total=len(pending) * group_size, status="")
-        calls = dict(pending)
+        calls = {call: (self.slots[index].pool, group) for call, (index, group) in pending.items()}
         by_group: dict[int, tuple[list[ray.ObjectRef], list[Trajectory]]] = {}
-        waiting = list(calls)
-        while waiting:
-            ready, waiting = ray.wait(waiting, num_returns=1)
-            call = ready[0]
-            index, group = calls[call]
-            pool = self.slots[index].pool
-            refs = pool.returns(call)
-            try:
-                trajectories = ray.get(refs)
-            except ray.exceptions.RayError as exc:
-                if not sampler_lost(exc):
-                    raise
-                try:
-                    retry = pool.resubmit(call, iteration, exc)
-                except PoolError as error:
-                    raise self._pool_error(self.slots[index], error) from error
-                calls[retry] = calls[call]
-                waiting.append(retry)
-                continue
-            pool.finish(call)
-            # The call's return values, owned by this process: the learner reads these very objects, whatever
-            # becomes of the sampler, and no trajectory is stored twice.
-            by_group[group] = (refs, trajectories)
-            if bar is not None:
-                progress.advance(bar, group_size)
+        try:
+            for group, refs, trajectories in completed(calls, iteration):
+                # The call's return values, owned by this process: the learner reads these very objects, whatever
+                # becomes of the sampler, and no trajectory is stored twice.
+                by_group[group] = (refs, trajectories)
+                if bar is not None:
+                    progress.advance(bar, group_size)
+        except PoolError as exc:
+            raise TrainError(str(exc)) from exc
         if bar is not None:
             progress.remove_task(bar)
         refs = [ref for group in sorted(by_group) for ref in by_group[group][0]]

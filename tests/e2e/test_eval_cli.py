@@ -5,13 +5,16 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
+import psutil
 import pytest
 
 from agentgym_rl.actors.models import model_dir
 from agentgym_rl.actors.rundir import RunDir
 from agentgym_rl.configs import Config
+from agentgym_rl.driver.evaluate import episode_seeds
 from agentgym_rl.envs.babyai import LEVELS
 
 CLI = Path(sys.executable).parent / "agentgym-rl"
@@ -19,10 +22,18 @@ CLI = Path(sys.executable).parent / "agentgym-rl"
 FAST = ["--set", "sampler.sampling.max_new_tokens=8", "--set", "sampler.envs_per_sampler=2"]
 
 
+def cli_command(*args: str) -> list[str]:
+    return [*([str(CLI)] if CLI.exists() else [sys.executable, "-m", "agentgym_rl.driver.cli"]), *args]
+
+
+def cli_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+
+
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    command = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "agentgym_rl.driver.cli"]
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900, check=False)
+    return subprocess.run(
+        cli_command(*args), cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=900, check=False
+    )
 
 
 @pytest.mark.slow
@@ -111,3 +122,64 @@ def test_eval_rejects_an_env_without_a_turn_limit_and_a_missing_checkpoint(tmp_p
     done = run_cli("eval", "--model", "tiny-random", "--env", "agentgym-remote", cwd=tmp_path)
     assert done.returncode == 2
     assert "pass --max-turns N" in done.stderr
+
+
+def sampler_processes(parent: psutil.Process) -> list[psutil.Process]:
+    """The live Ray worker processes of ``parent``'s sampler actors (Ray titles them ``ray::SamplerActor...``)."""
+    found = []
+    for proc in parent.children(recursive=True):
+        try:
+            if "SamplerActor" in " ".join(proc.cmdline()):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_eval_replays_a_killed_samplers_tasks_on_the_survivor_with_the_same_seeds(tmp_path: Path):
+    # One env actor per sampler plays one episode at a time, so the killed sampler still has most of its tasks queued.
+    common = (
+        "eval", "--model", "tiny-random", "--env", "babyai", "--episodes", "24", "--max-turns", "3",
+        "--set", "sampler.sampling.max_new_tokens=16", "--set", "sampler.envs_per_sampler=1",
+        "--set", "sampler.min_count=1",
+    )  # fmt: skip
+    killed = tmp_path / "killed.json"
+    proc = subprocess.Popen(
+        cli_command(*common, "--set", "sampler.count=2", "--output", str(killed)),
+        cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    lines: list[str] = []
+    first_progress = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+            if "eval progress" in line:
+                first_progress.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert first_progress.wait(600), "".join(lines)[-3000:]
+        samplers = sampler_processes(psutil.Process(proc.pid))
+        assert len(samplers) == 2, "".join(lines)[-3000:]
+        samplers[0].kill()
+        assert proc.wait(600) == 0, "".join(lines)[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    reader.join(10)
+    report = json.loads(killed.read_text())
+    assert report["samplers_lost"] == 1 and report["tasks_replayed"] >= 1
+    assert "task group moved to another sampler" in "".join(lines)
+
+    # Every task played once, from the seeds an undisturbed one-sampler eval uses, with the same outcome.
+    calm = tmp_path / "calm.json"
+    done = run_cli(*common, "--set", "sampler.count=1", "--output", str(calm), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    baseline = json.loads(calm.read_text())
+    assert (baseline["samplers_lost"], baseline["tasks_replayed"]) == (0, 0)
+    assert len(report["results"]) == 24 and len({r["task_id"] for r in report["results"]}) == 24
+    assert all(r["seed"] == episode_seeds(0, r["task_id"], 1)[0] for r in report["results"])
+    assert report["results"] == baseline["results"]
