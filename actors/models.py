@@ -72,17 +72,17 @@ def _build_smollm2(target: Path) -> None:
     tokenizer.save_pretrained(target)
 
 
-def build_tiny_random(target: Path, *, attention_heads: int = 4, key_value_heads: int = 2) -> None:
-    """Write ``tiny-random`` (2 layers, hidden size 64, SmolLM2's tokenizer, seeded weights) to ``target``;
-    other head counts give its twins (vLLM's CPU attention needs heads of 32 and more: 2 and 1)."""
+def build_tiny_random(target: Path) -> None:
+    """Write ``tiny-random`` (2 layers, hidden size 64 in 2 query heads and 1 key/value head of 32, SmolLM2's
+    tokenizer, seeded weights) to ``target``. Heads of 32 are the smallest vLLM's CPU attention runs."""
     tokenizer = load_tokenizer(SMOLLM2)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=attention_heads,
-        num_key_value_heads=key_value_heads,
+        num_attention_heads=2,
+        num_key_value_heads=1,
         max_position_embeddings=8192,
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,
@@ -97,7 +97,14 @@ def build_tiny_random(target: Path, *, attention_heads: int = 4, key_value_heads
     tokenizer.save_pretrained(target)
 
 
-_BUILDERS = {SMOLLM2: _build_smollm2, TINY_RANDOM: build_tiny_random}
+# Each built-in's builder and revision: a builder whose output changes gets a new revision, which names its
+# cache folder, so a build of an older revision is never read.
+_BUILDERS = {SMOLLM2: (_build_smollm2, 1), TINY_RANDOM: (build_tiny_random, 2)}
+
+
+def builtin_dir(name: str) -> Path:
+    """The cache folder of built-in model ``name`` (built or not)."""
+    return cache_root() / "models" / f"{name}-r{_BUILDERS[name][1]}"
 
 
 def model_dir(name: str) -> Path:
@@ -107,14 +114,14 @@ def model_dir(name: str) -> Path:
         ModelError: ``name`` is neither a built-in nor an existing local model directory.
     """
     if name in _BUILDERS:
-        target = cache_root() / "models" / name
+        target = builtin_dir(name)
         if not (target / "config.json").is_file():
             target.parent.mkdir(parents=True, exist_ok=True)
             # Build beside the target and rename, so concurrent processes never read half a model.
             staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
             staging.chmod(0o755)
             try:
-                _BUILDERS[name](staging)
+                _BUILDERS[name][0](staging)
                 try:
                     staging.rename(target)
                 except OSError:
@@ -134,7 +141,7 @@ def model_dir(name: str) -> Path:
 
 def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
     """The tokenizer of model ``name`` (with its chat template)."""
-    if name == SMOLLM2 and not (cache_root() / "models" / SMOLLM2 / "config.json").is_file():
+    if name == SMOLLM2 and not (builtin_dir(SMOLLM2) / "config.json").is_file():
         # Building the full model only to read its tokenizer would cost a de-quantisation pass.
         folder = smollm2_gguf_dir()
         return AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, local_files_only=True)

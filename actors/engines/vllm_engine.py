@@ -77,6 +77,26 @@ def _import_vllm() -> dict[str, Any]:
     }
 
 
+def _check_cpu_head_size(model: str) -> None:
+    """vLLM's CPU attention runs only some head sizes, and says so only when the first batch fails inside its
+    engine process; check the model's before starting.
+
+    Raises:
+        EngineUnavailableError: the model's attention heads are of a size the CPU build cannot run.
+    """
+    from transformers import AutoConfig
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    config = AutoConfig.from_pretrained(model, local_files_only=True)
+    head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head not in supported:
+        raise EngineUnavailableError(
+            f"vLLM's CPU build runs attention heads of size {supported}, and the model {model} has heads of "
+            f"{head}; use sampler.engine='transformers' (and serve.engine) for it"
+        )
+
+
 def _cpu_args() -> dict[str, Any]:
     """Engine arguments for vLLM's CPU build: eager mode (its inductor warm-up took minutes on a 2-core
     machine) and a bounded key/value cache (without one vLLM takes ``gpu_memory_utilization`` of the
@@ -96,7 +116,8 @@ class VLLMEngine(Engine):
         max_num_seqs: most sequences vLLM decodes at once (None: vLLM's default).
 
     Raises:
-        EngineUnavailableError: vllm is not installed or no CUDA GPU is visible.
+        EngineUnavailableError: vllm is not installed, no CUDA GPU is visible, or (on vLLM's CPU build) the
+            model's attention heads are of a size that build cannot run.
     """
 
     def __init__(
@@ -110,6 +131,9 @@ class VLLMEngine(Engine):
         max_num_seqs: int | None = None,
     ) -> None:
         self._vllm = _import_vllm()
+        model = str(model_dir(model_name))
+        if self._vllm["on_cpu"]:
+            _check_cpu_head_size(model)
         self.stop_token_ids = sorted(set(stop_token_ids))
         self.generator = torch.Generator().manual_seed(seed)
         self.weights_version = 0
@@ -119,7 +143,7 @@ class VLLMEngine(Engine):
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
         self._thread.start()
         args = self._vllm["AsyncEngineArgs"](
-            model=str(model_dir(model_name)),
+            model=model,
             dtype=dtype,
             seed=seed,
             enable_prefix_caching=True,

