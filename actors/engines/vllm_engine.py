@@ -242,6 +242,8 @@ class VLLMEngine(Engine):
     def close(self) -> None:
         """Stop vLLM's engine processes and this engine's loop thread (the engine is unusable after)."""
         self._run(self._shutdown())
+        # Dropped now, so vLLM's own finaliser runs here and not at interpreter exit, when it fails noisily.
+        self._llm = None
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=30)
 
