@@ -1,8 +1,8 @@
 """Served chat completions against the bare engine, at 1, 8 and 32 concurrent clients.
 
-    python benchmarks/serve.py [--quick]
+    python benchmarks/serve.py [--quick] [--model tiny-random]
 
-A local Ray instance serves ``tiny-random`` on 127.0.0.1 (Serve's HTTP proxy, the FastAPI ingress
+A local Ray instance serves the model (``tiny-random`` unless ``--model`` names another) on 127.0.0.1 (Serve's HTTP proxy, the FastAPI ingress
 and one model replica with continuous batching). C clients each send chat completions back to back
 (temperature 1, a fixed ``max_tokens``) until a request count or a time budget runs out; the table
 reports requests/s, generated tokens/s, p50/p99 latency, failed requests, and the ratio of served
@@ -37,7 +37,6 @@ from agentgym_rl.configs import Config
 from agentgym_rl.configs.schema import SamplingConfig, ServeConfig
 from agentgym_rl.serve.app import ServeArgs, start_server, stop_server
 
-MODEL = "tiny-random"
 DTYPE = "auto"  # the server's default; the bare engine computes in the same dtype
 MESSAGES = [{"role": "user", "content": "Go to the red ball. What is your next action?"}]
 CONCURRENCY = (1, 8, 32)
@@ -56,9 +55,11 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def load_test(url: str, clients: int, requests: int, budget_s: float, max_tokens: int) -> dict[str, float]:
+async def load_test(
+    url: str, model: str, clients: int, requests: int, budget_s: float, max_tokens: int
+) -> dict[str, float]:
     """C clients send requests back to back until ``requests`` are done or ``budget_s`` has passed."""
-    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": max_tokens}
+    body = {"model": model, "messages": MESSAGES, "max_tokens": max_tokens}
     latencies: list[float] = []
     tokens = 0
     issued = 0
@@ -98,13 +99,13 @@ async def load_test(url: str, clients: int, requests: int, budget_s: float, max_
     }
 
 
-def bare_engine_tokens_per_s(batch: int, rounds: int, max_tokens: int) -> float:
+def bare_engine_tokens_per_s(model: str, batch: int, rounds: int, max_tokens: int) -> float:
     """Tokens/s of ``generate`` on batches of ``batch`` copies of the benchmark prompt, in this process."""
-    tokenizer = load_tokenizer(MODEL)
+    tokenizer = load_tokenizer(model)
     prompt = ChatFormat(tokenizer).prompt_ids(MESSAGES)
     engine = make_engine(
         "transformers",
-        model_name=MODEL,
+        model_name=model,
         dtype=DTYPE,
         seed=0,
         stop_token_ids=[tokenizer.eos_token_id],
@@ -122,24 +123,26 @@ def bare_engine_tokens_per_s(batch: int, rounds: int, max_tokens: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer requests and a shorter budget (about a minute)")
+    parser.add_argument("--model", default="tiny-random", help="built-in model name or model directory")
     args = parser.parse_args()
+    model = args.model
     requests, budget_s, rounds, max_tokens = (48, 15.0, 2, 16) if args.quick else (256, 60.0, 5, 32)
 
     init_ray(Config.model_validate({"ray": {"num_cpus": 2}}))
     # Measured before and after serving and averaged: on a shared machine the load drifts during a run.
-    bare_before = {c: bare_engine_tokens_per_s(c, rounds, max_tokens) for c in CONCURRENCY}
+    bare_before = {c: bare_engine_tokens_per_s(model, c, rounds, max_tokens) for c in CONCURRENCY}
     port = free_port()
     config = ServeConfig(port=port, max_batch_size=32, max_tokens=max_tokens)
-    start_server(ServeArgs(model=MODEL, dtype=DTYPE, serve=config))
+    start_server(ServeArgs(model=model, dtype=DTYPE, serve=config))
     url = f"http://127.0.0.1:{port}"
     try:
-        asyncio.run(load_test(url, 4, 8, 30.0, max_tokens))  # warm-up: replica threads, proxy routes
-        served = {c: asyncio.run(load_test(url, c, requests, budget_s, max_tokens)) for c in CONCURRENCY}
+        asyncio.run(load_test(url, model, 4, 8, 30.0, max_tokens))  # warm-up: replica threads, proxy routes
+        served = {c: asyncio.run(load_test(url, model, c, requests, budget_s, max_tokens)) for c in CONCURRENCY}
     finally:
         stop_server()
-    bare = {c: (bare_before[c] + bare_engine_tokens_per_s(c, rounds, max_tokens)) / 2 for c in CONCURRENCY}
+    bare = {c: (bare_before[c] + bare_engine_tokens_per_s(model, c, rounds, max_tokens)) / 2 for c in CONCURRENCY}
 
-    print(f"\nserve benchmark: {MODEL}, max_tokens={max_tokens}, 127.0.0.1, one replica (continuous batching, 32 rows)")
+    print(f"\nserve benchmark: {model}, max_tokens={max_tokens}, 127.0.0.1, one replica (continuous batching, 32 rows)")
     header = f"{'clients':>7} {'requests':>8} {'errors':>6} {'req/s':>8} {'tok/s':>8} {'p50 ms':>8} {'p99 ms':>8}"
     print(header + f" {'p99 before':>10} {'engine tok/s':>12} {'served/engine':>13}")
     for c in CONCURRENCY:
