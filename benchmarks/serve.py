@@ -40,8 +40,8 @@ from agentgym_rl.serve.app import ServeArgs, start_server, stop_server
 DTYPE = "auto"  # the server's default; the bare engine computes in the same dtype
 MESSAGES = [{"role": "user", "content": "Go to the red ball. What is your next action?"}]
 CONCURRENCY = (1, 8, 32)
-# p99 latency at 32 clients before continuous batching (static `serve.batch` batches, README of that version).
-P99_MS_BEFORE = {1: 2449.0, 8: 16987.0, 32: 40402.0}
+# tiny-random's p99 latency before continuous batching (static `serve.batch` batches, README of that version).
+P99_MS_BEFORE = {"tiny-random": {1: 2449.0, 8: 16987.0, 32: 40402.0}}
 
 
 def free_port() -> int:
@@ -141,6 +141,7 @@ def main() -> None:
     finally:
         stop_server()
     bare = {c: (bare_before[c] + bare_engine_tokens_per_s(model, c, rounds, max_tokens)) / 2 for c in CONCURRENCY}
+    before = P99_MS_BEFORE.get(model, {c: float("nan") for c in CONCURRENCY})  # nan: never measured
 
     print(f"\nserve benchmark: {model}, max_tokens={max_tokens}, 127.0.0.1, one replica (continuous batching, 32 rows)")
     header = f"{'clients':>7} {'requests':>8} {'errors':>6} {'req/s':>8} {'tok/s':>8} {'p50 ms':>8} {'p99 ms':>8}"
@@ -149,15 +150,13 @@ def main() -> None:
         row = served[c]
         print(
             f"{c:>7} {row['requests']:>8} {row['errors']:>6} {row['req_s']:>8.1f} {row['tok_s']:>8.1f} "
-            f"{row['p50_ms']:>8.1f} {row['p99_ms']:>8.1f} {P99_MS_BEFORE[c]:>10.0f} {bare[c]:>12.1f} "
+            f"{row['p50_ms']:>8.1f} {row['p99_ms']:>8.1f} {before[c]:>10.0f} {bare[c]:>12.1f} "
             f"{row['tok_s'] / bare[c]:>13.2f}"
         )
     print("engine tok/s: the same engine's generate() on batches of <clients> prompts in this process (mean of a")
     print("measurement before and one after the served runs); served/engine = served tok/s / engine tok/s;")
     print("p99 before: the same benchmark before continuous batching (static batches), from the previous README.")
-    print(
-        f"p99 latency at 32 clients: {served[32]['p99_ms']:.0f} ms (before continuous batching: {P99_MS_BEFORE[32]:.0f} ms)"
-    )
+    print(f"p99 latency at 32 clients: {served[32]['p99_ms']:.0f} ms (before continuous batching: {before[32]:.0f} ms)")
     ratios = {f"served_vs_engine_c{c}": round(served[c]["tok_s"] / bare[c], 4) for c in CONCURRENCY}
     print(json.dumps({"ratios": ratios, "errors": sum(served[c]["errors"] for c in CONCURRENCY)}))
 
