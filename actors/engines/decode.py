@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from agentgym_rl.actors.engines.sampling import SamplingParams, StopStrings, filter_logits, sample_tokens
+from agentgym_rl.actors.engines.sampling import SamplingParams, StopStrings, filter_logits
 
 # Per row: (cached length, its per-layer keys/values or None). Cached columns come before new ids.
 Reused = tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]
@@ -262,19 +262,19 @@ class DecodeBatch:
         """One token id per row (pad for rows that do not sample). probs: (B, V)."""
         rows = self.rows
         if all(row.generator is None for row in rows):
-            return sample_tokens(probs, self.generator)
+            return torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
         sampled = torch.full((len(rows),), self.pad_token_id, dtype=torch.long, device=self.device)
         shared = [i for i in running if rows[i].generator is None]
         if shared:
             index = torch.tensor(shared, device=self.device)
-            sampled[index] = sample_tokens(probs[index], self.generator)
+            sampled[index] = torch.multinomial(probs[index], 1, generator=self.generator).squeeze(-1)
         own = [i for i in running if rows[i].generator is not None]
         if own:
             # One stream per row, drawn only while the row runs: a row's samples do not depend on
             # which other rows share the batch or how long they run.
             row_probs = probs.to(rows[own[0]].generator.device)  # row streams are CPU generators, also on a GPU
             for i in own:
-                sampled[i] = sample_tokens(row_probs[i : i + 1], rows[i].generator)[0]
+                sampled[i] = torch.multinomial(row_probs[i], 1, generator=rows[i].generator)[0]
         return sampled
 
     def _top_logprobs(

@@ -90,22 +90,6 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return logits
 
 
-def sample_tokens(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One token id per row of ``probs`` (R, V), each drawn with a single uniform number from ``generator``
-    by inverting the row's cumulative distribution; returns (R,) ids on ``probs``'s device.
-
-    ``torch.multinomial`` draws one exponential number per vocabulary entry, about 1 ms per row for a
-    49k vocabulary on a CPU core, which dwarfed a small model's decode step. The cumulative sums are
-    float64, so rounding over 49k terms moves no visible mass between tokens, and the target stays
-    below each row's total, so a token of probability 0 (filtered by top-k/top-p) is never drawn.
-    """
-    cumulative = probs.double().cumsum(dim=-1)  # (R, V)
-    total = cumulative[:, -1:]  # (R, 1)
-    uniform = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64, device=generator.device)
-    target = torch.minimum(uniform.to(probs.device) * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cumulative, target, right=True).squeeze(-1)
-
-
 class StopStrings:
     """Finds stop strings in a growing list of sampled ids without decoding the whole reply each step.
 
