@@ -2,12 +2,13 @@
 
     python benchmarks/serve.py [--quick] [--model tiny-random]
 
-A local Ray instance serves the model (``tiny-random`` unless ``--model`` names another) on 127.0.0.1 (Serve's HTTP proxy, the FastAPI ingress
-and one model replica with continuous batching). C clients each send chat completions back to back
-(temperature 1, a fixed ``max_tokens``) until a request count or a time budget runs out; the table
-reports requests/s, generated tokens/s, p50/p99 latency, failed requests, and the ratio of served
-tokens/s to the same engine's tokens/s when this process calls ``generate`` directly on batches of C
-prompts (no HTTP, no scheduling: the ceiling). The last line is JSON:
+A local Ray instance serves the model (``tiny-random`` unless ``--model`` names another) on 127.0.0.1
+(Serve's HTTP proxy, the FastAPI ingress and one model replica with continuous batching). C clients
+each send chat completions back to back (temperature 1, a fixed ``max_tokens``) until a request count
+or a time budget runs out; the table reports requests/s, generated tokens/s, p50/p99 latency, failed
+requests, and the ratio of served tokens/s to the same engine's tokens/s when this process calls
+``generate`` directly on batches of C prompts (no HTTP, no scheduling: the ceiling). The last line is
+JSON:
 ``{"ratios": {"served_vs_engine_c1": ..., "served_vs_engine_c8": ..., "served_vs_engine_c32": ...}, "errors": N}``.
 """
 
