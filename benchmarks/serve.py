@@ -1,9 +1,10 @@
 """Served chat completions against the bare engine, at 1, 8 and 32 concurrent clients.
 
-    python benchmarks/serve.py [--quick] [--model tiny-random]
+    python benchmarks/serve.py [--quick] [--model tiny-random] [--torch-threads N]
 
 A local Ray instance serves the model (``tiny-random`` unless ``--model`` names another) on 127.0.0.1
-(Serve's HTTP proxy, the FastAPI ingress and one model replica with continuous batching). C clients
+(Serve's HTTP proxy and one model replica answering HTTP itself, with continuous batching; the
+replica's torch threads are ``serve.torch_threads``, ``--torch-threads``). C clients
 each send chat completions back to back (temperature 1, a fixed ``max_tokens``) until a request count
 or a time budget runs out; the table reports requests/s, generated tokens/s, p50/p99 latency, failed
 requests, and the ratio of served tokens/s to the same engine's tokens/s when this process calls
@@ -29,6 +30,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
 import httpx
+import torch
 
 from agentgym_rl.actors.chat import ChatFormat
 from agentgym_rl.actors.cluster import init_ray
@@ -125,6 +127,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer requests and a shorter budget (about a minute)")
     parser.add_argument("--model", default="tiny-random", help="built-in model name or model directory")
+    parser.add_argument(
+        "--torch-threads", type=int, default=None, help="serve.torch_threads of the replica (default: the server's)"
+    )
     args = parser.parse_args()
     model = args.model
     requests, budget_s, rounds, max_tokens = (48, 15.0, 2, 16) if args.quick else (256, 60.0, 5, 32)
@@ -133,7 +138,7 @@ def main() -> None:
     # Measured before and after serving and averaged: on a shared machine the load drifts during a run.
     bare_before = {c: bare_engine_tokens_per_s(model, c, rounds, max_tokens) for c in CONCURRENCY}
     port = free_port()
-    config = ServeConfig(port=port, max_batch_size=32, max_tokens=max_tokens)
+    config = ServeConfig(port=port, max_batch_size=32, max_tokens=max_tokens, torch_threads=args.torch_threads)
     start_server(ServeArgs(model=model, dtype=DTYPE, serve=config))
     url = f"http://127.0.0.1:{port}"
     try:
@@ -144,7 +149,11 @@ def main() -> None:
     bare = {c: (bare_before[c] + bare_engine_tokens_per_s(model, c, rounds, max_tokens)) / 2 for c in CONCURRENCY}
     before = P99_MS_BEFORE.get(model, {c: float("nan") for c in CONCURRENCY})  # nan: never measured
 
-    print(f"\nserve benchmark: {model}, max_tokens={max_tokens}, 127.0.0.1, one replica (continuous batching, 32 rows)")
+    threads = args.torch_threads or "default"
+    print(
+        f"\nserve benchmark: {model}, max_tokens={max_tokens}, 127.0.0.1, one replica (continuous batching, 32 rows, "
+        f"torch threads {threads}; the bare engine: {torch.get_num_threads()})"
+    )
     header = f"{'clients':>7} {'requests':>8} {'errors':>6} {'req/s':>8} {'tok/s':>8} {'p50 ms':>8} {'p99 ms':>8}"
     print(header + f" {'p99 before':>10} {'engine tok/s':>12} {'served/engine':>13}")
     for c in CONCURRENCY:

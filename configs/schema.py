@@ -511,6 +511,13 @@ class ServeConfig(Section):
         description="Requests a replica holds waiting for a free row, beyond `max_batch_size` decoding ones; "
         "more get 429.",
     )
+    torch_threads: int | None = Field(
+        None,
+        ge=1,
+        description="Torch threads of each model replica; None: min(4, the node's cores). On a small CPU the "
+        "replica shares the cores with Serve's HTTP proxy and its own request handling, and fewer threads can "
+        "serve more (measured in README, Serving the policy).",
+    )
     max_tokens: int = Field(256, ge=1, description="Cap on generated tokens per request (larger requests get 400).")
     max_prompt_tokens: int = Field(2048, ge=1, description="Longest accepted prompt, in tokens (longer: 400).")
     max_n: int = Field(4, ge=1, description="Largest `n` (completions per request) accepted (larger: 400).")

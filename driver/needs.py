@@ -29,7 +29,7 @@ def run_needs(config: Config) -> tuple[list[ActorNeed], list[PoolNeed]]:
         )
     ]
     if cfg.serve.enabled:
-        from agentgym_rl.serve.app import INGRESS_CPUS, replica_gpus  # Ray Serve is imported only by runs that serve
+        from agentgym_rl.serve.app import replica_gpus  # Ray Serve is imported only by runs that serve
 
         scaling = cfg.serve.autoscaling
         replicas = scaling.min_replicas if scaling is not None else cfg.serve.num_replicas
@@ -37,7 +37,6 @@ def run_needs(config: Config) -> tuple[list[ActorNeed], list[PoolNeed]]:
         fixed.append(
             ActorNeed("serve replica(s) (serve.num_replicas, serve.num_cpus, serve.num_gpus)", replica, replicas)
         )
-        fixed.append(ActorNeed("serve HTTP ingress", {"CPU": INGRESS_CPUS}, 1))
     if cfg.trainer.mode == "offline":
         return fixed, []
     return fixed, [pool_need(entry.name, cfg.sampler) for entry in mix_entries(cfg)]

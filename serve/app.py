@@ -1,12 +1,11 @@
-"""Build, start and stop the policy application: a FastAPI ingress in front of the model deployment."""
+"""Build, start and stop the policy application: model replicas that answer HTTP themselves."""
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import ray
 import structlog
@@ -19,12 +18,11 @@ from agentgym_rl.actors.rundir import POLICY_DIR
 from agentgym_rl.configs import Config
 from agentgym_rl.configs.errors import AgentGymError
 from agentgym_rl.configs.schema import ServeConfig
-from agentgym_rl.serve.deployment import STORE_NAMESPACE, PolicyModel, max_ongoing_requests, store_name
+from agentgym_rl.serve.deployment import MAX_ONGOING_REQUESTS, STORE_NAMESPACE, PolicyModel, store_name
 from agentgym_rl.serve.routes import PolicyAPI, build_api
 
 API_KEY_ENV = "AGENTGYM_RL_API_KEY"
 APP_NAME = "agentgym-rl"
-INGRESS_CPUS = 0.05
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 MODEL_DEPLOYMENT = "PolicyModel"
 # Longest wait for the first model replica to load and catch up (a large model on a loaded CPU is slow).
@@ -109,21 +107,16 @@ def resolve_api_key(config: ServeConfig) -> ServeConfig:
 
 
 @serve.ingress()
-class PolicyIngress:
-    """HTTP front of the application; receives the model deployment's handle."""
+class PolicyServer(PolicyModel):
+    """A model replica that also answers HTTP: Serve's proxy hands each request straight to it, where the
+    prompt is rendered and the reply decoded beside the running batch (no second deployment to cross)."""
 
-    def __init__(
-        self, policy: DeploymentHandle, model_id: str, source: str, limits: ServeConfig, app_name: str
-    ) -> None:
-        self.app_name = app_name
-        self.api = PolicyAPI(policy, model_id=model_id, source=source, limits=limits, model_ready=self.model_running)
+    def __init__(self, *, model_id: str, limits: ServeConfig, **model: Any) -> None:
+        super().__init__(**model)
+        self.api = PolicyAPI(self, model_id=model_id, source=self.source, limits=limits, model_ready=self.ready_now)
 
-    async def model_running(self) -> bool:
-        """Whether Serve reports a running model replica (Serve routes requests only to those)."""
-        status = await asyncio.to_thread(serve.status)
-        app = status.applications.get(self.app_name)
-        model = app.deployments.get(MODEL_DEPLOYMENT) if app is not None else None
-        return model is not None and model.replica_states.get("RUNNING", 0) > 0
+    async def ready_now(self) -> bool:
+        return self.model_loaded()
 
     def __serve_build_asgi_app__(self):
         return build_api(self.api)
@@ -143,16 +136,15 @@ def build_app(args: ServeArgs) -> serve.Application:
     scaling: dict = {"num_replicas": limits.num_replicas}
     if limits.autoscaling is not None:
         scaling = {"autoscaling_config": limits.autoscaling.model_dump()}
-    model = serve.deployment(PolicyModel, name=MODEL_DEPLOYMENT).options(
+    model = serve.deployment(PolicyServer, name=MODEL_DEPLOYMENT).options(
         ray_actor_options={"num_cpus": limits.num_cpus, "num_gpus": replica_gpus(limits)},
-        # Every request the engine admits or queues reaches it; the engine itself answers 429 beyond that.
-        max_ongoing_requests=max_ongoing_requests(limits.max_batch_size, limits.max_queued_requests),
+        # Every request reaches a replica; its engine answers 429 beyond what it may hold.
+        max_ongoing_requests=MAX_ONGOING_REQUESTS,
         **scaling,
     )
-    ingress = serve.deployment(PolicyIngress, name="PolicyIngress").options(
-        ray_actor_options={"num_cpus": INGRESS_CPUS}, max_ongoing_requests=1000
-    )
-    policy = model.bind(
+    return model.bind(
+        model_id=args.served_id,
+        limits=limits,
         source=source,
         engine=args.engine,
         dtype=args.dtype,
@@ -160,9 +152,9 @@ def build_app(args: ServeArgs) -> serve.Application:
         max_batch_size=limits.max_batch_size,
         kv_cache_tokens=limits.kv_cache_tokens,
         max_queued_requests=limits.max_queued_requests,
+        torch_threads=limits.torch_threads,
         app_name=args.app_name,
     )
-    return ingress.bind(policy, args.served_id, source, limits, args.app_name)
 
 
 class ServeError(AgentGymError, RuntimeError):
@@ -189,13 +181,12 @@ def check_resources(config: ServeConfig) -> None:
     """Raise ServeError when the cluster's free CPUs or GPUs cannot hold the first replicas (Serve would
     wait forever)."""
     replicas = config.autoscaling.min_replicas if config.autoscaling is not None else config.num_replicas
-    needed = replicas * config.num_cpus + INGRESS_CPUS
+    needed = replicas * config.num_cpus
     free = ray.available_resources().get("CPU", 0.0)
     if free + 1e-9 < needed:
         raise ServeError(
-            f"serving needs {needed:g} free CPUs ({replicas} x serve.num_cpus={config.num_cpus:g} + "
-            f"{INGRESS_CPUS:g} for the HTTP ingress) but Ray has {free:g} free; lower serve.num_cpus or the "
-            "samplers'/learner's num_cpus, or raise ray.num_cpus"
+            f"serving needs {needed:g} free CPUs ({replicas} x serve.num_cpus={config.num_cpus:g}) but Ray has "
+            f"{free:g} free; lower serve.num_cpus or the samplers'/learner's num_cpus, or raise ray.num_cpus"
         )
     gpus, free_gpus = replicas * replica_gpus(config), ray.available_resources().get("GPU", 0.0)
     if free_gpus + 1e-9 < gpus:
@@ -220,10 +211,11 @@ def start_server(args: ServeArgs) -> DeploymentHandle:
     serve.start(http_options={"host": args.serve.host, "port": args.serve.port}, logging_config=SERVE_LOGGING)
     try:
         serve.run(build_app(args), name=args.app_name, route_prefix="/", logging_config=SERVE_LOGGING)
-    except RuntimeError as exc:  # Serve's deploy failure, e.g. the engine refused to start in a replica
+        handle = serve.get_deployment_handle(MODEL_DEPLOYMENT, app_name=args.app_name)
+        # The first replicas load the model after Serve has them running: `ready` waits for that load.
+        handle.ready.remote().result(timeout_s=READY_TIMEOUT_S)
+    except (RuntimeError, ray.exceptions.RayError) as exc:  # e.g. the engine refused to start in a replica
         raise ServeError(f"the model deployment did not start: {exc}") from exc
-    handle = serve.get_deployment_handle(MODEL_DEPLOYMENT, app_name=args.app_name)
-    handle.ready.remote().result(timeout_s=READY_TIMEOUT_S)
     return handle
 
 

@@ -1,5 +1,11 @@
 """The model deployment: one serving engine per replica (continuous batching, token streaming) and
-weight hot-swap.
+weight hot-swap. Each replica also answers HTTP itself (``serve.app.PolicyServer``), so a request
+crosses one process boundary, Serve's proxy to the replica.
+
+Loading: on the application's first start a replica returns from its constructor at once and loads
+the model in a thread; Serve then routes requests to it, and the routes answer 503 until the model
+is loaded. Once a replica of the application has served, every later replica (autoscaling, restarts)
+loads in its constructor instead, so Serve routes nothing to it before it can serve.
 
 Weights reach every replica through a small named ``WeightsStore`` actor per application: a call
 of ``update_weights`` (which Serve routes to one replica) loads the weights there and records the
@@ -12,6 +18,8 @@ meanwhile), so a completion never mixes two versions, and every response names i
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -22,15 +30,16 @@ import structlog
 import torch
 from ray import serve
 
-from agentgym_rl.actors.engines import ChoiceDelta, CompletionRequest, make_serving_engine
+from agentgym_rl.actors.engines import ChoiceDelta, CompletionRequest, ServingEngine, make_serving_engine
 from agentgym_rl.actors.models import load_tokenizer
 from agentgym_rl.actors.weights import WeightsPayload
 
 log = structlog.get_logger()
 
 STORE_NAMESPACE = "agentgym-rl-serve"
-# Calls that are not generation (policy info, weight updates, readiness) a full replica still takes.
-CONTROL_CALLS = 8
+# HTTP requests and control calls one replica takes at once. Generation beyond serve.max_batch_size +
+# serve.max_queued_requests is refused far below this by the engine (429), so Serve never queues it.
+MAX_ONGOING_REQUESTS = 1000
 
 
 def store_name(app_name: str) -> str:
@@ -38,12 +47,20 @@ def store_name(app_name: str) -> str:
 
 
 class WeightsStore:
-    """Holds the newest ``[ref]`` of one application's weights (keeping the object alive) and its iteration."""
+    """Holds the newest ``[ref]`` of one application's weights (keeping the object alive) and its iteration,
+    and whether a replica of the application has served yet."""
 
     def __init__(self) -> None:
         self.version = 0
         self.latest: tuple[list[ray.ObjectRef], int | None] | None = None
         self.changed = asyncio.Condition()
+        self.served = False
+
+    async def mark_served(self) -> None:
+        self.served = True
+
+    async def has_served(self) -> bool:
+        return self.served
 
     async def publish(self, payload_ref: list[ray.ObjectRef], version: int, iteration: int | None) -> None:
         async with self.changed:
@@ -86,13 +103,33 @@ class StreamStart:
     weights_version: int
 
 
-def max_ongoing_requests(max_batch_size: int, max_queued_requests: int) -> int:
-    """Serve's per-replica concurrency: every request the engine may hold, plus room for control calls."""
-    return max_batch_size + max_queued_requests + CONTROL_CALLS
+def build_engine(
+    engine: str,
+    *,
+    source: str,
+    dtype: str,
+    seed: int,
+    max_rows: int,
+    max_kv_tokens: int,
+    max_requests: int,
+) -> ServingEngine:
+    """The serving engine of a replica, with the source's stop and pad ids."""
+    tokenizer = load_tokenizer(source)
+    return make_serving_engine(
+        engine,
+        model_name=source,
+        dtype=dtype,
+        seed=seed,
+        stop_token_ids=[tokenizer.eos_token_id],
+        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+        max_rows=max_rows,
+        max_kv_tokens=max_kv_tokens,
+        max_requests=max_requests,
+    )
 
 
 class PolicyModel:
-    """Serve deployment body (wrapped with ``serve.deployment`` in ``serve.app``).
+    """Serve deployment body (``serve.app.PolicyServer`` adds the HTTP routes).
 
     Args:
         source: checkpoint ``policy`` directory or model name the weights start from.
@@ -102,6 +139,7 @@ class PolicyModel:
         max_batch_size: most completions decoding at once.
         kv_cache_tokens: bound on the running batch's key/value positions (transformers engine).
         max_queued_requests: requests waiting for a row beyond the decoding ones; more are refused.
+        torch_threads: torch threads of this replica (None: min(4, the node's cores)).
         app_name: Serve application name (names the weights store).
     """
 
@@ -115,24 +153,13 @@ class PolicyModel:
         max_batch_size: int,
         kv_cache_tokens: int,
         max_queued_requests: int,
+        torch_threads: int | None,
         app_name: str,
     ) -> None:
         # A replica shares the node with samplers and the learner; a few threads keep it from starving them.
-        torch.set_num_threads(min(4, os.cpu_count() or 1))
+        torch.set_num_threads(torch_threads or min(4, os.cpu_count() or 1))
         self.source = source
         self.engine_name = engine
-        tokenizer = load_tokenizer(source)
-        self.engine = make_serving_engine(
-            engine,
-            model_name=source,
-            dtype=dtype,
-            seed=seed,
-            stop_token_ids=[tokenizer.eos_token_id],
-            pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
-            max_rows=max_batch_size,
-            max_kv_tokens=kv_cache_tokens,
-            max_requests=max_batch_size + max_queued_requests,
-        )
         self.iteration: int | None = None
         self.updates = 0
         self.store = (
@@ -149,16 +176,50 @@ class PolicyModel:
         self.load_lock = asyncio.Lock()
         self.catch_up: asyncio.Task | None = None
         self.follow_task: asyncio.Task | None = None
+        build = functools.partial(
+            build_engine,
+            engine,
+            source=source,
+            dtype=dtype,
+            seed=seed,
+            max_rows=max_batch_size,
+            max_kv_tokens=kv_cache_tokens,
+            max_requests=max_batch_size + max_queued_requests,
+        )
+        self.engine: ServingEngine | None = None
+        if ray.get(self.store.has_served.remote()):
+            # Another replica serves already: load here, so Serve routes nothing to this one before it can serve.
+            self.engine = build()
+            self.loading: concurrent.futures.Future[ServingEngine] = concurrent.futures.Future()
+            self.loading.set_result(self.engine)
+        else:
+            # The first replicas: Serve routes requests here once this returns, and they get 503 until loaded.
+            loader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-load")
+            self.loading = loader.submit(build)
+            loader.shutdown(wait=False)
+
+    def model_loaded(self) -> bool:
+        """Whether the engine is built (raises the loading error if building it failed)."""
+        if not self.loading.done():
+            return False
+        self.loading.result()
+        return True
 
     async def _ensure_following(self) -> None:
         # Tasks must live on the replica's event loop, which __init__ does not run on. A replica that
         # starts mid-training (autoscaling, restart) loads the newest weights before its first request.
+        if self.engine is None:
+            self.engine = await asyncio.shield(asyncio.wrap_future(self.loading))
         if self.catch_up is None:
             loop = asyncio.get_running_loop()
-            self.catch_up = loop.create_task(self._follow_once(0.0))
+            self.catch_up = loop.create_task(self._catch_up())
             self.follow_task = loop.create_task(self._follow_store())
         # Shielded: a client that disconnects cancels its own call, never the shared catch-up.
         await asyncio.shield(self.catch_up)
+
+    async def _catch_up(self) -> None:
+        await self._follow_once(0.0)
+        await self.store.mark_served.remote()
 
     async def _follow_once(self, timeout_s: float) -> None:
         try:
@@ -233,7 +294,8 @@ class PolicyModel:
                 yield deltas
 
     async def policy(self) -> dict:
-        """Replica id, engine, weights version, training iteration, source and engine counters of this replica."""
+        """Replica id, engine, weights version, training iteration, source, torch threads and engine counters of
+        this replica."""
         await self._ensure_following()
         return {
             "replica": serve.get_replica_context().replica_id.unique_id,
@@ -242,5 +304,6 @@ class PolicyModel:
             "weights_version": self.engine.weights_version,
             "iteration": self.iteration,
             "updates": self.updates,
+            "torch_threads": torch.get_num_threads(),
             "stats": self.engine.stats,
         }

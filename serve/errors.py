@@ -25,7 +25,6 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
-from ray.serve.exceptions import BackPressureError
 from starlette.exceptions import HTTPException
 
 from agentgym_rl.actors.engines import QueueFullError
@@ -122,7 +121,6 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
 
     @app.exception_handler(QueueFullError)
-    @app.exception_handler(BackPressureError)
     async def _busy(_: Request, exc: Exception) -> JSONResponse:
         return error_response(429, f"server busy: {exc}", code="rate_limit_exceeded")
 

@@ -206,6 +206,7 @@ class PolicyInfo(BaseModel):
     weights_version: int = Field(description="Version of the weights now loaded (0 = the source's own weights).")
     iteration: int | None = Field(description="Training iteration that produced them (None before any update).")
     updates: int = Field(description="Weight updates applied since start.")
+    torch_threads: int = Field(description="Torch threads the replica computes with (`serve.torch_threads`).")
     stats: dict[str, int] = Field(
         description="The replica's engine counters: `in_flight` and `waiting` requests, `swap_pending` (1 while a "
         "weight swap waits for the requests in flight), `generated_tokens`, `finished` choices, `abandoned` "

@@ -1,7 +1,7 @@
-"""The FastAPI ingress: OpenAI-compatible chat routes, /v1/act, /v1/policy and /healthz.
+"""The HTTP routes of a model replica: OpenAI-compatible chat routes, /v1/act, /v1/policy and /healthz.
 
-Prompts are rendered and completions decoded here, next to HTTP; the model deployment only sees
-token ids and streams back what it samples. Failures are raised (``APIError``, validation errors,
+Prompts are rendered and completions decoded here; the replica's engine only sees token ids and
+streams back what it samples. Failures are raised (``APIError``, validation errors,
 ``QueueFullError``) and turned into statuses and OpenAI's error shape in ``serve.errors``.
 """
 
@@ -10,14 +10,12 @@ from __future__ import annotations
 import hmac
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
-from ray.exceptions import RayTaskError
-from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from agentgym_rl.actors.chat import ChatFormat
 from agentgym_rl.actors.engines import ChoiceDelta, CompletionRequest, SamplingParams
@@ -74,6 +72,16 @@ def sampling_params(
     )
 
 
+class Policy(Protocol):
+    """What the routes call on the model replica they run in (``serve.deployment.PolicyModel``)."""
+
+    async def generate(self, request: CompletionRequest) -> GenerateResult: ...
+
+    def generate_stream(self, request: CompletionRequest) -> AsyncGenerator[StreamStart | list[ChoiceDelta], None]: ...
+
+    async def policy(self) -> dict[str, Any]: ...
+
+
 def fingerprint(weights_version: int) -> str:
     return f"weights-v{weights_version}"
 
@@ -82,16 +90,16 @@ class PolicyAPI:
     """Request handling behind the routes: limits, prompt rendering, generation calls, decoding.
 
     Args:
-        policy: handle of the model deployment.
+        policy: the model replica these routes run in.
         model_id: the id clients name in ``model``.
         source: model name or directory the tokenizer is read from.
         limits: the serve config (token caps, ``n`` cap, body size, API key).
-        model_ready: whether a model replica is up (asked until it first says yes; 503 before).
+        model_ready: whether the model is loaded (asked until it first says yes; 503 before).
     """
 
     def __init__(
         self,
-        policy: DeploymentHandle,
+        policy: Policy,
         *,
         model_id: str,
         source: str,
@@ -99,7 +107,6 @@ class PolicyAPI:
         model_ready: Callable[[], Awaitable[bool]],
     ) -> None:
         self.policy = policy
-        self.streaming = policy.options(stream=True)
         self.model_id = model_id
         self.limits = limits
         self.model_ready = model_ready
@@ -126,8 +133,9 @@ class PolicyAPI:
             raise APIError(400, "request body is empty; send a JSON object", code="invalid_json")
         return schema.model_validate_json(bytes(raw))
 
-    def check_key(self, request: Request) -> None:
+    async def check_key(self, request: Request) -> None:
         """401 unless the ``Authorization: Bearer <key>`` header carries the configured key."""
+        # async: FastAPI runs a plain-function dependency in its thread pool, a thread hop per request.
         key = self.limits.api_key
         if key is None:
             return
@@ -136,19 +144,11 @@ class PolicyAPI:
             raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
 
     async def require_model(self) -> None:
-        """503 until a model replica is up (asked once per ingress: afterwards Serve routes to live replicas)."""
+        """503 until the model is loaded (asked until it says yes once)."""
         if not self.ready:
             if not await self.model_ready():
                 raise APIError(503, "the model is still loading; retry in a few seconds", code="model_loading")
             self.ready = True
-
-    async def call(self, response: Awaitable) -> Any:
-        """Await a deployment call; a failure in the replica is raised as its own exception (its type
-        decides the status), not as Ray's wrapper."""
-        try:
-            return await response
-        except RayTaskError as exc:
-            raise (exc.cause if isinstance(exc.cause, Exception) else exc) from None
 
     def token_cap(self, requested: int | None, param: str) -> int:
         cap = self.limits.max_tokens
@@ -224,7 +224,7 @@ class PolicyAPI:
         return ChoiceLogprobs(content=content)
 
     async def complete(self, body: ChatCompletionRequest, request: CompletionRequest) -> ChatCompletion:
-        result: GenerateResult = await self.call(self.policy.generate.remote(request))
+        result = await self.policy.generate(request)
         choices = []
         for index, choice in enumerate(result.choices):
             reply = self.reply(request)
@@ -250,14 +250,16 @@ class PolicyAPI:
             usage=_usage(len(request.prompt_ids), generated),
         )
 
-    async def open_stream(self, request: CompletionRequest) -> tuple[int, DeploymentResponseGenerator]:
-        """Start a streamed generation; returns its weights version once the replica has admitted it (a
+    async def open_stream(
+        self, request: CompletionRequest
+    ) -> tuple[int, AsyncGenerator[StreamStart | list[ChoiceDelta], None]]:
+        """Start a streamed generation; returns its weights version once the engine has admitted it (a
         refusal raises here, before any byte of the response is sent)."""
-        stream = self.streaming.generate_stream.remote(request)
+        stream = self.policy.generate_stream(request)
         try:
-            start: StreamStart = await self.call(stream.__anext__())
+            start = await anext(stream)
         except BaseException:
-            stream.cancel()
+            await stream.aclose()
             raise
         return start.weights_version, stream
 
@@ -266,11 +268,11 @@ class PolicyAPI:
         body: ChatCompletionRequest,
         request: CompletionRequest,
         weights_version: int,
-        stream: DeploymentResponseGenerator,
+        stream: AsyncGenerator[StreamStart | list[ChoiceDelta], None],
     ) -> AsyncIterator[str]:
         """SSE events: a role chunk per choice, a chunk per group of sampled tokens as they arrive, each
         choice's finish, the usage chunk when asked, then ``[DONE]``. Closing this generator (the client
-        went away) cancels the generation, which frees its rows at the replica's next step."""
+        went away) closes the generation, which frees its rows at the engine's next step."""
         ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
         def event(choices: list[ChunkChoice], usage: Usage | None = None) -> str:
@@ -313,9 +315,9 @@ class PolicyAPI:
                 yield event([], _usage(len(request.prompt_ids), generated))
             yield "data: [DONE]\n\n"
         except Exception as exc:  # noqa: BLE001 -- the status (200) is sent already; the stream ends with the error
-            yield sse_error(exc.cause if isinstance(exc, RayTaskError) else exc)
+            yield sse_error(exc)
         finally:
-            stream.cancel()
+            await stream.aclose()
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> Usage:
@@ -333,7 +335,7 @@ def build_api(api: PolicyAPI) -> FastAPI:
     @app.get("/healthz")
     async def healthz() -> Health:
         await api.require_model()
-        info = await api.call(api.policy.policy.remote())
+        info = await api.policy.policy()
         return Health(weights_version=info["weights_version"])
 
     @app.get("/v1/models", dependencies=authorised)
@@ -343,7 +345,7 @@ def build_api(api: PolicyAPI) -> FastAPI:
     @app.get("/v1/policy", dependencies=authorised)
     async def policy() -> PolicyInfo:
         await api.require_model()
-        return PolicyInfo(model=api.model_id, **await api.call(api.policy.policy.remote()))
+        return PolicyInfo(model=api.model_id, **await api.policy.policy())
 
     @app.post("/v1/chat/completions", dependencies=authorised, response_model=None)
     async def chat_completions(request: Request) -> ChatCompletion | StreamingResponse:
@@ -369,7 +371,7 @@ def build_api(api: PolicyAPI) -> FastAPI:
         )
         completion = CompletionRequest(prompt_ids=api.prompt(messages), params=params, seed=body.seed)
         await api.require_model()
-        result: GenerateResult = await api.call(api.policy.generate.remote(completion))
+        result = await api.policy.generate(completion)
         choice = result.choices[0]
         text = api.chat.decode_reply(choice.token_ids)
         parsed = env.parse_action(text)

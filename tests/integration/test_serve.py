@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
 import threading
 import time
 from pathlib import Path
@@ -68,9 +69,10 @@ def side_app(name: str, args: ServeArgs, server) -> str:
 
 @pytest.fixture(scope="module")
 def busy(server, checkpoint):
-    """An app with one row and no queue: a second request while one decodes gets 429."""
+    """An app with one row and no queue (a second request while one decodes gets 429), on one torch thread."""
     config = ServeConfig(
         api_key=API_KEY,
+        torch_threads=1,
         max_batch_size=1,
         max_queued_requests=0,
         max_n=1,
@@ -410,8 +412,10 @@ def test_long_prompt_is_refused_naming_the_limit(server):
     assert response.status_code == 400 and "max_prompt_tokens is 200" in response.json()["error"]["message"]
 
 
-def test_a_disconnected_client_frees_its_row_at_once_and_a_full_replica_answers_429(busy):
-    before = policy_info(busy)["stats"]
+def test_a_disconnected_client_frees_its_row_at_once_and_a_full_replica_answers_429(busy, server):
+    replica = policy_info(busy)
+    before = replica["stats"]
+    assert replica["torch_threads"] == 1 and policy_info(server["url"])["torch_threads"] == min(4, os.cpu_count())
     body = {"model": MODEL, "messages": CHAT, "max_tokens": 2000, "stream": True}
     client = openai.OpenAI(base_url=busy + "/v1", api_key=API_KEY, max_retries=0)
     headers = {"Authorization": f"Bearer {API_KEY}"}

@@ -38,11 +38,8 @@ def test_limits_that_cannot_hold_the_largest_request_are_config_errors():
         ServeConfig(max_n=8, max_batch_size=4)
 
 
-class UnusedHandle:
-    """The model deployment's handle while no model replica is up: never called."""
-
-    def options(self, **_):
-        return self
+class UnloadedPolicy:
+    """A model replica whose model is still loading: never called."""
 
     def __getattr__(self, name):
         raise AssertionError(f"the model was called ({name}) while it was loading")
@@ -53,7 +50,7 @@ def test_while_the_model_loads_requests_get_503_in_openais_shape():
         return False
 
     api = PolicyAPI(
-        UnusedHandle(), model_id="tiny-random", source="tiny-random", limits=ServeConfig(), model_ready=loading
+        UnloadedPolicy(), model_id="tiny-random", source="tiny-random", limits=ServeConfig(), model_ready=loading
     )
     http = TestClient(build_api(api), base_url="http://127.0.0.1")
     response = http.get("/healthz")
