@@ -113,10 +113,7 @@ class PolicyServer(PolicyModel):
 
     def __init__(self, *, model_id: str, limits: ServeConfig, **model: Any) -> None:
         super().__init__(**model)
-        self.api = PolicyAPI(self, model_id=model_id, source=self.source, limits=limits, model_ready=self.ready_now)
-
-    async def ready_now(self) -> bool:
-        return self.model_loaded()
+        self.api = PolicyAPI(self, model_id=model_id, source=self.source, limits=limits, model_ready=self.model_loaded)
 
     def __serve_build_asgi_app__(self):
         return build_api(self.api)

@@ -187,18 +187,15 @@ class PolicyModel:
             max_requests=max_batch_size + max_queued_requests,
         )
         self.engine: ServingEngine | None = None
+        loader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-load")
+        self.loading = loader.submit(build)
+        loader.shutdown(wait=False)
+        # The first replicas return at once: Serve routes requests to them, which get 503 until loaded. Once
+        # a replica has served, a new one finishes loading here, so Serve routes nothing to it before then.
         if ray.get(self.store.has_served.remote()):
-            # Another replica serves already: load here, so Serve routes nothing to this one before it can serve.
-            self.engine = build()
-            self.loading: concurrent.futures.Future[ServingEngine] = concurrent.futures.Future()
-            self.loading.set_result(self.engine)
-        else:
-            # The first replicas: Serve routes requests here once this returns, and they get 503 until loaded.
-            loader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-load")
-            self.loading = loader.submit(build)
-            loader.shutdown(wait=False)
+            self.loading.result()
 
-    def model_loaded(self) -> bool:
+    async def model_loaded(self) -> bool:
         """Whether the engine is built (raises the loading error if building it failed)."""
         if not self.loading.done():
             return False
