@@ -39,6 +39,7 @@ from agentgym_rl.actors.models import load_tokenizer
 from agentgym_rl.configs import Config
 from agentgym_rl.configs.schema import SamplingConfig, ServeConfig
 from agentgym_rl.serve.app import ServeArgs, start_server, stop_server
+from agentgym_rl.serve.deployment import default_torch_threads
 
 DTYPE = "auto"  # the server's default; the bare engine computes in the same dtype
 MESSAGES = [{"role": "user", "content": "Go to the red ball. What is your next action?"}]
@@ -149,7 +150,7 @@ def main() -> None:
     bare = {c: (bare_before[c] + bare_engine_tokens_per_s(model, c, rounds, max_tokens)) / 2 for c in CONCURRENCY}
     before = P99_MS_BEFORE.get(model, {c: float("nan") for c in CONCURRENCY})  # nan: never measured
 
-    threads = args.torch_threads or "default"
+    threads = args.torch_threads or f"{default_torch_threads(os.cpu_count() or 1)}, the default"
     print(
         f"\nserve benchmark: {model}, max_tokens={max_tokens}, 127.0.0.1, one replica (continuous batching, 32 rows, "
         f"torch threads {threads}; the bare engine: {torch.get_num_threads()})"

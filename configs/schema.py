@@ -514,9 +514,9 @@ class ServeConfig(Section):
     torch_threads: int | None = Field(
         None,
         ge=1,
-        description="Torch threads of each model replica; None: min(4, the node's cores). On a small CPU the "
-        "replica shares the cores with Serve's HTTP proxy and its own request handling, and fewer threads can "
-        "serve more (measured in README, Serving the policy).",
+        description="Torch threads of each model replica; None: the node's cores minus one (the one left to "
+        "Serve's HTTP proxy and the replica's request handling), between 1 and 4 (measured in README, Serving "
+        "the policy).",
     )
     max_tokens: int = Field(256, ge=1, description="Cap on generated tokens per request (larger requests get 400).")
     max_prompt_tokens: int = Field(2048, ge=1, description="Longest accepted prompt, in tokens (longer: 400).")

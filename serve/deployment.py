@@ -128,6 +128,16 @@ def build_engine(
     )
 
 
+def default_torch_threads(cores: int) -> int:
+    """A replica's torch threads on a node of ``cores`` cores when ``serve.torch_threads`` is unset.
+
+    One core is left to Serve's HTTP proxy and the replica's own request handling: a torch thread
+    sharing its core with them stalls every parallel region of the decode step. At most 4, so a
+    replica does not starve the samplers and the learner that share a training node with it.
+    """
+    return max(1, min(4, cores - 1))
+
+
 class PolicyModel:
     """Serve deployment body (``serve.app.PolicyServer`` adds the HTTP routes).
 
@@ -139,7 +149,7 @@ class PolicyModel:
         max_batch_size: most completions decoding at once.
         kv_cache_tokens: bound on the running batch's key/value positions (transformers engine).
         max_queued_requests: requests waiting for a row beyond the decoding ones; more are refused.
-        torch_threads: torch threads of this replica (None: min(4, the node's cores)).
+        torch_threads: torch threads of this replica (None: :func:`default_torch_threads`).
         app_name: Serve application name (names the weights store).
     """
 
@@ -156,8 +166,7 @@ class PolicyModel:
         torch_threads: int | None,
         app_name: str,
     ) -> None:
-        # A replica shares the node with samplers and the learner; a few threads keep it from starving them.
-        torch.set_num_threads(torch_threads or min(4, os.cpu_count() or 1))
+        torch.set_num_threads(torch_threads or default_torch_threads(os.cpu_count() or 1))
         self.source = source
         self.engine_name = engine
         self.iteration: int | None = None

@@ -25,6 +25,7 @@ from agentgym_rl.actors.weights import pack_state_dict
 from agentgym_rl.configs.schema import SamplingConfig, ServeConfig
 from agentgym_rl.driver.learners import free_port
 from agentgym_rl.serve.app import ServeArgs, build_app, delete_app, start_server, stop_server
+from agentgym_rl.serve.deployment import default_torch_threads
 from agentgym_rl.serve.text import ReplyText
 
 API_KEY = "test-key-123"
@@ -69,10 +70,10 @@ def side_app(name: str, args: ServeArgs, server) -> str:
 
 @pytest.fixture(scope="module")
 def busy(server, checkpoint):
-    """An app with one row and no queue (a second request while one decodes gets 429), on one torch thread."""
+    """An app with one row and no queue (a second request while one decodes gets 429), on two torch threads."""
     config = ServeConfig(
         api_key=API_KEY,
-        torch_threads=1,
+        torch_threads=2,
         max_batch_size=1,
         max_queued_requests=0,
         max_n=1,
@@ -415,7 +416,8 @@ def test_long_prompt_is_refused_naming_the_limit(server):
 def test_a_disconnected_client_frees_its_row_at_once_and_a_full_replica_answers_429(busy, server):
     replica = policy_info(busy)
     before = replica["stats"]
-    assert replica["torch_threads"] == 1 and policy_info(server["url"])["torch_threads"] == min(4, os.cpu_count())
+    default = policy_info(server["url"])["torch_threads"]
+    assert replica["torch_threads"] == 2 and default == default_torch_threads(os.cpu_count())
     body = {"model": MODEL, "messages": CHAT, "max_tokens": 2000, "stream": True}
     client = openai.OpenAI(base_url=busy + "/v1", api_key=API_KEY, max_retries=0)
     headers = {"Authorization": f"Bearer {API_KEY}"}
