@@ -39,7 +39,6 @@ from agentgym_rl.actors.models import load_tokenizer
 from agentgym_rl.configs import Config
 from agentgym_rl.configs.schema import SamplingConfig, ServeConfig
 from agentgym_rl.serve.app import ServeArgs, start_server, stop_server
-from agentgym_rl.serve.deployment import default_torch_threads
 
 DTYPE = "auto"  # the server's default; the bare engine computes in the same dtype
 MESSAGES = [{"role": "user", "content": "Go to the red ball. What is your next action?"}]
@@ -144,13 +143,13 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     try:
         asyncio.run(load_test(url, model, 4, 8, 30.0, max_tokens))  # warm-up: replica threads, proxy routes
+        threads = httpx.get(url + "/v1/policy").json()["torch_threads"]  # what the replica resolved
         served = {c: asyncio.run(load_test(url, model, c, requests, budget_s, max_tokens)) for c in CONCURRENCY}
     finally:
         stop_server()
     bare = {c: (bare_before[c] + bare_engine_tokens_per_s(model, c, rounds, max_tokens)) / 2 for c in CONCURRENCY}
     before = P99_MS_BEFORE.get(model, {c: float("nan") for c in CONCURRENCY})  # nan: never measured
 
-    threads = args.torch_threads or f"{default_torch_threads(os.cpu_count() or 1)}, the default"
     print(
         f"\nserve benchmark: {model}, max_tokens={max_tokens}, 127.0.0.1, one replica (continuous batching, 32 rows, "
         f"torch threads {threads}; the bare engine: {torch.get_num_threads()})"
