@@ -47,6 +47,7 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 def test_train_two_iterations_then_resume_matches_an_uninterrupted_run(tmp_path: Path):
     run_dir = tmp_path / "runs" / "tiny"
     common = [*TINY, "--set", f"run.dir={tmp_path / 'runs'}", "--set", "run.name=tiny"]

@@ -63,6 +63,7 @@ def check_bookkeeping(tmp_path: Path, record: dict) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 def test_an_iteration_without_signal_stops_at_the_bound_and_trains_on_nothing(tmp_path: Path, ray_local):
     records = train(tmp_path, "tiny-random")  # it never names the target: every group is uniform
     for record in records:
@@ -72,6 +73,7 @@ def test_an_iteration_without_signal_stops_at_the_bound_and_trains_on_nothing(tm
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 def test_an_iteration_refills_until_it_has_its_informative_groups(tmp_path: Path, ray_local):
     records = train(tmp_path, "smollm2-135m-instruct")  # names the target in about one turn of five
     for record in records:

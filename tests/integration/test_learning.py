@@ -51,6 +51,7 @@ ALGORITHMS = {
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 @pytest.mark.timeout(1800)  # about 4 min each alone; several times that beside other jobs
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
 def test_each_algorithm_raises_the_reward_of_the_target_word_game(algorithm, tmp_path: Path, ray_local):
