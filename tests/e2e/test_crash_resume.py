@@ -61,6 +61,7 @@ def metrics(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 def test_sigkill_during_a_checkpoint_write_then_resume(tmp_path: Path):
     runs = tmp_path / "runs"
     run_dir = runs / "crash"

@@ -38,6 +38,7 @@ def start_cli(*args: str, cwd: Path, sigint_ignored: bool = False) -> subprocess
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 def test_training_run_serves_each_new_version(tmp_path: Path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
