@@ -92,6 +92,7 @@ class SamplerActor:
             stop_token_ids=stop_ids,
             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
             max_cached_tokens=sampler.kv_cache_tokens,
+            adapter=model.adapter,
         )
         # Each episode attempt gets its own key: the engine keeps its keys/values between turns.
         self.episode_keys = itertools.count()

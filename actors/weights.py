@@ -2,7 +2,9 @@
 
 The learner ``ray.put``s one :class:`WeightsPayload` per version and hands out its ObjectRef;
 every sampler or server reads it by reference. Tensors are stored as numpy arrays, which Ray
-deserialises zero-copy from shared memory; bfloat16 (which numpy lacks) travels as int16 bits.
+deserialises zero-copy from shared memory; bfloat16 (which numpy lacks) travels as int16 bits. A LoRA run
+publishes only its adapter (peft's tensor names, with ``lora_scale`` set); engines apply it to the base
+weights they hold (``actors.lora.AdapterMerger``).
 """
 
 from __future__ import annotations
@@ -19,15 +21,19 @@ class WeightsPayload:
     version: int
     arrays: dict[str, np.ndarray]
     dtypes: dict[str, str]
+    # None: ``arrays`` is the whole state dict; else they are LoRA adapter tensors with this alpha / r.
+    lora_scale: float | None = None
 
     @property
     def num_bytes(self) -> int:
         return sum(a.nbytes for a in self.arrays.values())
 
 
-def pack_state_dict(state_dict: dict[str, torch.Tensor], version: int, dtype: str | None = None) -> WeightsPayload:
+def pack_state_dict(
+    state_dict: dict[str, torch.Tensor], version: int, dtype: str | None = None, lora_scale: float | None = None
+) -> WeightsPayload:
     """Copy ``state_dict`` to CPU numpy arrays tagged with ``version``, floating tensors cast to ``dtype``
-    (``float32`` or ``bfloat16``; None keeps each tensor's own)."""
+    (``float32`` or ``bfloat16``; None keeps each tensor's own); ``lora_scale`` marks an adapter's tensors."""
     arrays: dict[str, np.ndarray] = {}
     dtypes: dict[str, str] = {}
     cast = getattr(torch, dtype) if dtype is not None else None
@@ -39,7 +45,7 @@ def pack_state_dict(state_dict: dict[str, torch.Tensor], version: int, dtype: st
         if tensor.dtype == torch.bfloat16:
             tensor = tensor.view(torch.int16)
         arrays[name] = tensor.numpy().copy()
-    return WeightsPayload(version=version, arrays=arrays, dtypes=dtypes)
+    return WeightsPayload(version=version, arrays=arrays, dtypes=dtypes, lora_scale=lora_scale)
 
 
 def unpack_state_dict(payload: WeightsPayload) -> dict[str, torch.Tensor]:

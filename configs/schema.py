@@ -30,6 +30,12 @@ class ModelConfig(Section):
         description="A built-in model (`smollm2-135m-instruct`, `tiny-random`) or a local Hugging Face "
         "model directory.",
     )
+    adapter: str | None = Field(
+        None,
+        description="A LoRA adapter directory trained on `name` (a LoRA run's `checkpoints/iter_N/policy`, or a "
+        "committed stage's `adapter`) to start from: a LoRA run (`learner.lora.enabled`) goes on training it, a "
+        "full run starts from the base with it merged in. Its base model's weights hash is checked on load.",
+    )
 
 
 class EnvConfig(Section):
@@ -182,8 +188,10 @@ class LoraConfig(Section):
     r: int = Field(16, ge=1, description="Adapter rank.")
     alpha: int = Field(32, ge=1, description="Adapter scaling numerator (scale = alpha / r).")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapter input.")
-    target_modules: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], description="Module names to adapt."
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        description="Module names to adapt, or `all-linear`: every linear layer of the decoder (attention and "
+        "MLP; not the output head), the choice that matches full fine-tuning in RL at about 10x its lr.",
     )
 
 

@@ -9,6 +9,7 @@ import ray
 
 from agentgym_rl.actors.chat import ChatFormat
 from agentgym_rl.actors.cluster import SHUTDOWN_GRACE_S, deadline, init_ray
+from agentgym_rl.actors.lora import is_adapter_dir
 from agentgym_rl.actors.models import load_tokenizer
 from agentgym_rl.actors.rundir import CONFIG_FILE, RunDir
 from agentgym_rl.configs import Config, ConfigError, load_config
@@ -102,7 +103,10 @@ def train(config: Config, run_dir: RunDir, *, resume: bool = False) -> dict:
         if config.warm_start.iterations:
             policy = run_warm_start(config, run_dir)
             config = config.model_copy(deep=True)
-            config.model.name = str(policy)
+            if is_adapter_dir(policy):  # a LoRA warm start: RL goes on training its adapter over the same base
+                config.model.adapter = str(policy)
+            else:
+                config.model.name = str(policy)
         return MODES[config.trainer.mode](config, run_dir, resume=resume).run()
     finally:
         with deadline(SHUTDOWN_GRACE_S, "the shutdown of Ray", exit_code=1):

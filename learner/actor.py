@@ -11,6 +11,7 @@ import ray
 import structlog
 import torch
 
+from agentgym_rl.actors.lora import load_policy, read_adapter, write_base_model
 from agentgym_rl.actors.models import load_model, load_tokenizer, resolve_dtype
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.actors.weights import WeightsPayload, pack_state_dict
@@ -29,7 +30,14 @@ from agentgym_rl.learner.backends import DeepSpeedBackend, TorchBackend
 from agentgym_rl.learner.batching import collate, pack, plan_rows, select_rows, unpack_targets
 from agentgym_rl.learner.forward import ValueModel, masked_token_outputs
 from agentgym_rl.learner.heap import return_large_frees_to_the_os
-from agentgym_rl.learner.lora import adapter_state_dict, apply_lora, is_lora, load_adapter_state_dict, merged_state_dict
+from agentgym_rl.learner.lora import (
+    adapter_state_dict,
+    apply_lora,
+    check_adapter_matches,
+    is_lora,
+    load_adapter_state_dict,
+    merged_state_dict,
+)
 from agentgym_rl.learner.losses import masked_mean
 from agentgym_rl.learner.precision import BFloat16Compute, resolve_precision
 from agentgym_rl.learner.schedule import lr_multiplier
@@ -81,7 +89,10 @@ class LearnerActor:
         compute_dtype = "bfloat16" if self.precision == "bf16-mixed" else "float32"
         self.publish_dtype = resolve_dtype(sampler_dtype)
         # The weights of record stay float32; under bf16-mixed a bfloat16 copy (or DeepSpeed's) computes.
-        self.policy = load_model(model.name, "float32")
+        # A LoRA run trains an adapter over the exact base; a full run starts from the base with any adapter merged.
+        self.policy = (
+            load_model(model.name, "float32") if learner.lora.enabled else load_policy(model.name, model.adapter)
+        )
         if learner.gradient_checkpointing:
             # transformers 5 renamed the switch; older releases only have the first name.
             enable = getattr(self.policy, "activation_checkpointing_enable", None)
@@ -91,14 +102,19 @@ class LearnerActor:
                 self.policy.enable_input_require_grads()
         if learner.lora.enabled:
             self.policy = apply_lora(self.policy, learner.lora)
+            if model.adapter is not None:  # go on training a saved adapter (e.g. an SFT stage's)
+                saved = read_adapter(model.adapter)
+                saved.check_base(model.name)
+                check_adapter_matches(saved, learner.lora, model.adapter)
+                load_adapter_state_dict(self.policy, saved.tensors)
         self.policy.train()
         self.reference = None
         if self.algorithm.needs_reference:
-            self.reference = load_model(model.name, compute_dtype).requires_grad_(False)
+            self.reference = load_policy(model.name, model.adapter, compute_dtype).requires_grad_(False)
         self.critic = None
         groups = [{"params": [p for p in self.policy.parameters() if p.requires_grad], "lr": learner.lr}]
         if self.algorithm.needs_critic:
-            self.critic = ValueModel(load_model(model.name, "float32"))
+            self.critic = ValueModel(load_policy(model.name, model.adapter))
             self.critic.train()
             critic_lr = getattr(self.algorithm.config, "critic_lr", None) or learner.lr
             groups.append({"params": list(self.critic.parameters()), "lr": critic_lr})
@@ -361,32 +377,39 @@ class LearnerActor:
         return [ray.put(self.weights_payload())]
 
     def weights_payload(self) -> WeightsPayload:
-        """The current weights as samplers load them: the float32 master in the samplers' dtype, versioned."""
+        """The current weights as samplers load them: the float32 master in the samplers' dtype, versioned. A
+        LoRA policy publishes its adapter alone (float32: samplers merge it into their base weights)."""
+        if is_lora(self.policy):
+            return pack_state_dict(
+                adapter_state_dict(self.policy), self.version, dtype="float32", lora_scale=self.lora_scale
+            )
         return pack_state_dict(self.policy_state_dict(), self.version, dtype=self.publish_dtype)
+
+    @property
+    def lora_scale(self) -> float:
+        return self.config.lora.alpha / self.config.lora.r
 
     def policy_state_dict(self) -> dict[str, torch.Tensor]:
         """The policy's full weights under the plain model's names (adapters merged in)."""
         return merged_state_dict(self.policy) if is_lora(self.policy) else self.policy.state_dict()
 
     def save_checkpoint(self, path: str) -> None:
-        """Write ``path/policy`` (a Hugging Face model dir) and ``path/learner.pt`` (optimizer, scheduler,
-        critic, version, RNG states)."""
+        """Write ``path/policy`` and ``path/learner.pt`` (optimizer, scheduler, critic, version, RNG states).
+
+        ``policy`` is a Hugging Face model dir, or for a LoRA policy an adapter dir (peft's files and the
+        base model's name and weights hash, see ``actors.lora``)."""
         folder = Path(path)
         backend_state = self.backend.save(folder)  # collective under DeepSpeed: every learner calls it
         if self.backend.rank != 0:
             return
+        self.policy.save_pretrained(folder / POLICY_DIR)
         if is_lora(self.policy):
-            plain = load_model(self.model_config.name, "float32")
-            plain.load_state_dict(merged_state_dict(self.policy))
-            plain.save_pretrained(folder / POLICY_DIR)
-        else:
-            self.policy.save_pretrained(folder / POLICY_DIR)
+            write_base_model(folder / POLICY_DIR, self.model_config.name)
         self.tokenizer.save_pretrained(folder / POLICY_DIR)
         torch.save(
             {
                 **backend_state,
                 "critic": self.critic.state_dict() if self.critic is not None else None,
-                "adapter": adapter_state_dict(self.policy) if is_lora(self.policy) else None,
                 "version": self.version,
                 "torch_rng": torch.get_rng_state(),
                 "shuffle_rng": self.shuffle.get_state(),
@@ -398,9 +421,11 @@ class LearnerActor:
         """Restore everything ``save_checkpoint`` wrote; returns the weights version."""
         folder = Path(path)
         state = torch.load(folder / LEARNER_STATE, weights_only=False)
-        if state["adapter"] is not None:
-            # policy/ holds merged weights; the base stays as loaded and only the adapters are restored.
-            load_adapter_state_dict(self.policy, state["adapter"])
+        if is_lora(self.policy):
+            # The base stays as loaded (checked against the hash the adapter records); only the adapter is read.
+            saved = read_adapter(folder / POLICY_DIR)
+            saved.check_base(self.model_config.name)
+            load_adapter_state_dict(self.policy, saved.tensors)
         else:
             restored = load_model(str(folder / POLICY_DIR), "float32")
             self.policy.load_state_dict(restored.state_dict())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from agentgym_rl.actors.lora import Adapter, AdapterError
 from agentgym_rl.configs.schema import LoraConfig
 
 
@@ -22,6 +23,15 @@ def apply_lora(model: torch.nn.Module, config: LoraConfig) -> torch.nn.Module:
             task_type="CAUSAL_LM",
         ),
     )
+
+
+def check_adapter_matches(saved: Adapter, config: LoraConfig, where: str) -> None:
+    """Raise :class:`AdapterError` unless the adapter saved at ``where`` has ``config``'s rank and alpha."""
+    if (saved.r, saved.alpha) != (config.r, float(config.alpha)):
+        raise AdapterError(
+            f"model.adapter {where} has rank {saved.r} and alpha {saved.alpha:g}, but learner.lora has r={config.r} "
+            f"and alpha={config.alpha}; set learner.lora.r and learner.lora.alpha to the adapter's"
+        )
 
 
 def is_lora(model: torch.nn.Module) -> bool:
@@ -56,6 +66,19 @@ def adapter_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def load_adapter_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Set the adapter of ``model`` to ``state`` (peft's names); every adapter weight must be in it.
+
+    Raises:
+        AdapterError: ``state`` adapts other modules than ``model``'s adapters (another target_modules).
+    """
     from peft import set_peft_model_state_dict
 
+    expected = set(adapter_state_dict(model))
+    if set(state) != expected:
+        missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
+        raise AdapterError(
+            f"the saved adapter does not fit learner.lora.target_modules: {len(missing)} adapter weights missing "
+            f"(e.g. {missing[:2]}), {len(extra)} not in the model (e.g. {extra[:2]}); set target_modules to the "
+            "adapter's (its adapter_config.json lists them)"
+        )
     set_peft_model_state_dict(model, state)

@@ -26,6 +26,7 @@ def make_engine(
     stop_token_ids: list[int],
     pad_token_id: int,
     max_cached_tokens: int = 0,
+    adapter: str | None = None,
 ) -> Engine:
     """Create the engine ``name`` (one of ``ENGINES``).
 
@@ -38,6 +39,7 @@ def make_engine(
         pad_token_id: padding id (transformers engine).
         max_cached_tokens: transformers engine: keys/values kept between an episode's turns (0: none);
             vLLM keeps its own prefix cache.
+        adapter: a LoRA adapter directory (base ``model_name``) applied before the first generation.
 
     Raises:
         ValueError: ``name`` is not a known engine.
@@ -54,11 +56,12 @@ def make_engine(
             stop_token_ids=stop_token_ids,
             pad_token_id=pad_token_id,
             max_cached_tokens=max_cached_tokens,
+            adapter=adapter,
         )
     if name == "vllm":
         from agentgym_rl.actors.engines.vllm_engine import VLLMEngine
 
-        return VLLMEngine(model_name=model_name, dtype=dtype, seed=seed, stop_token_ids=stop_token_ids)
+        return VLLMEngine(model_name=model_name, dtype=dtype, seed=seed, stop_token_ids=stop_token_ids, adapter=adapter)
     raise ValueError(f"unknown engine {name!r}; available engines: {', '.join(ENGINES)}")
 
 
@@ -73,13 +76,14 @@ def make_serving_engine(
     max_rows: int,
     max_kv_tokens: int,
     max_requests: int,
+    adapter: str | None = None,
 ) -> ServingEngine:
     """Create the serving form of engine ``name`` (one of ``ENGINES``).
 
     Args:
         name: ``transformers`` (continuous batching over the sampler's decode step) or ``vllm``
             (vLLM's own asynchronous engine).
-        model_name, dtype, seed, stop_token_ids, pad_token_id: as for :func:`make_engine`.
+        model_name, dtype, seed, stop_token_ids, pad_token_id, adapter: as for :func:`make_engine`.
         max_rows: most completions decoding at once.
         max_kv_tokens: transformers: bound on the running batch's key/value positions; vLLM sizes its
             paged cache from the GPU memory it is given.
@@ -99,6 +103,7 @@ def make_serving_engine(
             seed=seed,
             stop_token_ids=stop_token_ids,
             pad_token_id=pad_token_id,
+            adapter=adapter,
         )
         return ContinuousBatcher(engine, max_rows=max_rows, max_kv_tokens=max_kv_tokens, max_requests=max_requests)
     if name == "vllm":
@@ -110,6 +115,7 @@ def make_serving_engine(
             seed=seed,
             stop_token_ids=stop_token_ids,
             max_num_seqs=max_rows,
+            adapter=adapter,
         )
         return VLLMServingEngine(engine, max_requests=max_requests)
     raise ValueError(f"unknown engine {name!r}; available engines: {', '.join(ENGINES)}")

@@ -21,6 +21,7 @@ from agentgym_rl.actors.engines.base import Engine, Generation
 from agentgym_rl.actors.engines.decode import DecodeBatch, Row
 from agentgym_rl.actors.engines.kv_cache import CachedPrefix, EpisodeKVCache
 from agentgym_rl.actors.engines.sampling import SamplingParams, StopStrings
+from agentgym_rl.actors.lora import AdapterMerger, read_adapter
 from agentgym_rl.actors.models import load_model, load_tokenizer
 from agentgym_rl.actors.weights import WeightsPayload, unpack_state_dict
 from agentgym_rl.configs.schema import SamplingConfig
@@ -37,6 +38,7 @@ class TransformersEngine(Engine):
         pad_token_id: id used for padding (never sampled into results).
         max_cached_tokens: token positions of per-episode keys/values kept between turns (all episodes
             together); 0 re-prefills every prompt. Models with sliding-window layers never reuse.
+        adapter: a LoRA adapter directory whose base is ``model_name``, applied at start.
     """
 
     def __init__(
@@ -48,11 +50,17 @@ class TransformersEngine(Engine):
         stop_token_ids: list[int],
         pad_token_id: int,
         max_cached_tokens: int = 0,
+        adapter: str | None = None,
     ) -> None:
         self.model_name = model_name
         self.model = load_model(model_name, dtype)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.model.to(self.device)
+        self.merger = AdapterMerger(self.model)
+        if adapter is not None:
+            saved = read_adapter(adapter)
+            saved.check_base(model_name)
+            self.merger.apply(saved.tensors, saved.scale)
         self.stop_token_ids = torch.tensor(sorted(set(stop_token_ids)), device=self.device)
         self.pad_token_id = pad_token_id
         self.generator = torch.Generator(device=self.device)
@@ -145,10 +153,15 @@ class TransformersEngine(Engine):
     def load_weights(self, payload: WeightsPayload) -> None:
         """Adopt ``payload``'s weights. On CPU the parameters become views of the payload's arrays in
         the object store's shared memory (no copy): a load is nearly free and every sampler and server
-        on a node reads one copy of the weights. The arrays are read-only; inference never writes them."""
+        on a node reads one copy of the weights. The arrays are read-only; inference never writes them.
+        An adapter payload is merged into the base weights this engine holds (see ``AdapterMerger``)."""
         tensors = unpack_state_dict(payload)
-        # Views need the payload in the model's own dtype; otherwise load_state_dict copies and casts.
-        same_dtype = all(t.dtype == p.dtype for t, p in zip(tensors.values(), self.model.state_dict().values()))
-        self.model.load_state_dict(tensors, strict=True, assign=self.device.type == "cpu" and same_dtype)
+        if payload.lora_scale is not None:
+            self.merger.apply(tensors, payload.lora_scale)
+        else:
+            # Views need the payload in the model's own dtype; otherwise load_state_dict copies and casts.
+            same_dtype = all(t.dtype == p.dtype for t, p in zip(tensors.values(), self.model.state_dict().values()))
+            self.model.load_state_dict(tensors, strict=True, assign=self.device.type == "cpu" and same_dtype)
+            self.merger = AdapterMerger(self.model)  # later adapters apply to these weights
         self.kv_cache.clear()  # cached keys/values were computed with the old weights
         self.weights_version = payload.version

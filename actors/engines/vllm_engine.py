@@ -37,7 +37,8 @@ import torch
 from agentgym_rl.actors.engines.base import Engine, EngineUnavailableError, Generation
 from agentgym_rl.actors.engines.sampling import SamplingParams
 from agentgym_rl.actors.engines.serving import ChoiceDelta, CompletionRequest, ServingEngine, choice_seed
-from agentgym_rl.actors.models import model_dir
+from agentgym_rl.actors.lora import AdapterMerger, read_adapter
+from agentgym_rl.actors.models import load_model, model_dir
 from agentgym_rl.actors.weights import WeightsPayload, unpack_state_dict
 from agentgym_rl.configs.schema import SamplingConfig
 
@@ -114,6 +115,10 @@ class VLLMEngine(Engine):
         stop_token_ids: ids that end a turn.
         gpu_memory_utilization: share of the GPU vLLM may take (weights + KV cache).
         max_num_seqs: most sequences vLLM decodes at once (None: vLLM's default).
+        adapter: a LoRA adapter directory whose base is ``model_name``, applied at start.
+
+    A LoRA run publishes adapters only: this engine merges each into a copy of the base weights it keeps on
+    the host (exact across versions, see ``AdapterMerger``) and loads the merged weights into vLLM.
 
     Raises:
         EngineUnavailableError: vllm is not installed, no CUDA GPU is visible, or (on vLLM's CPU build) the
@@ -129,8 +134,12 @@ class VLLMEngine(Engine):
         stop_token_ids: list[int],
         gpu_memory_utilization: float = 0.5,
         max_num_seqs: int | None = None,
+        adapter: str | None = None,
     ) -> None:
         self._vllm = _import_vllm()
+        self.model_name = model_name
+        self.dtype = dtype
+        self.merger: AdapterMerger | None = None
         model = str(model_dir(model_name))
         if self._vllm["on_cpu"]:
             _check_cpu_head_size(model)
@@ -154,6 +163,10 @@ class VLLMEngine(Engine):
             **(_cpu_args() if self._vllm["on_cpu"] else {}),
         )
         self._llm = self._run(self._start(args))
+        if adapter is not None:
+            saved = read_adapter(adapter)
+            saved.check_base(model_name)
+            self._merge_and_load(saved.tensors, saved.scale)
 
     def _run(self, coroutine: Coroutine) -> Any:
         """Run ``coroutine`` on the engine's loop and wait for its result (from any other thread)."""
@@ -252,8 +265,19 @@ class VLLMEngine(Engine):
         self._llm.shutdown()
 
     def load_weights(self, payload: WeightsPayload) -> None:
-        self._run(self._load(unpack_state_dict(payload)))
+        if payload.lora_scale is not None:
+            self._merge_and_load(unpack_state_dict(payload), payload.lora_scale)
+        else:
+            self._run(self._load(unpack_state_dict(payload)))
+            self.merger = None  # a later adapter starts again from model_name's weights (a LoRA run sends none)
         self.weights_version = payload.version
+
+    def _merge_and_load(self, adapter: dict[str, torch.Tensor], scale: float) -> None:
+        """Merge adapter tensors into the host copy of the base weights and load the result into vLLM."""
+        if self.merger is None:
+            self.merger = AdapterMerger(load_model(self.model_name, self.dtype))
+        self.merger.apply(adapter, scale)
+        self._run(self._load(self.merger.model.state_dict()))
 
     async def _load(self, tensors: dict[str, torch.Tensor]) -> None:
         await self._llm.collective_rpc("begin_loading_named_tensors")

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from agentgym_rl.actors.models import load_model
+from agentgym_rl.actors.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, BASE_MODEL, AdapterError, load_policy
+from agentgym_rl.actors.models import load_model, load_tokenizer
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.configs import Config
 from agentgym_rl.configs.loader import apply_override
@@ -167,8 +168,11 @@ def test_lr_schedule_warms_up_then_decays():
     assert lrs[1] > lrs[2] > lrs[3]
 
 
-def test_lora_trains_adapters_and_publishes_merged_plain_weights(tmp_path):
-    learner = make_learner("grpo", "learner.lora.enabled=true", "learner.lora.r=4", "learner.lora.alpha=8")
+LORA = ("learner.lora.enabled=true", "learner.lora.r=4", "learner.lora.alpha=8")
+
+
+def test_lora_trains_adapters_and_publishes_only_the_adapter(tmp_path):
+    learner = make_learner("grpo", *LORA)
     plain = load_model("tiny-random").state_dict()
     assert learner.describe()["trainable_parameters"] < learner.describe()["parameters"] / 2
     learner.update_batch(batch_of())
@@ -176,15 +180,62 @@ def test_lora_trains_adapters_and_publishes_merged_plain_weights(tmp_path):
     assert merged.keys() == plain.keys()
     changed = {k for k in plain if not torch.equal(merged[k], plain[k])}
     assert changed and all(any(m in k for m in ("q_proj", "k_proj", "v_proj", "o_proj")) for k in changed)
-    # the checkpoint's policy/ is a plain model with the adapters merged in
+    payload = learner.weights_payload()
+    assert payload.lora_scale == 2.0
+    assert payload.arrays and all(".lora_A." in k or ".lora_B." in k for k in payload.arrays)
+    # the checkpoint's policy/ is an adapter directory naming its base: no full weights are written
     learner.save_checkpoint(str(tmp_path / "ckpt"))
-    reloaded = load_model(str(tmp_path / "ckpt" / "policy")).state_dict()
+    policy = tmp_path / "ckpt" / "policy"
+    assert {p.name for p in policy.iterdir()} >= {ADAPTER_CONFIG, ADAPTER_WEIGHTS, BASE_MODEL}
+    assert not (policy / "model.safetensors").exists()
+    reloaded = load_policy("tiny-random", str(policy)).state_dict()
     for key in plain:
         assert torch.allclose(reloaded[key], merged[key], atol=1e-6), key
-    resumed = make_learner("grpo", "learner.lora.enabled=true", "learner.lora.r=4", "learner.lora.alpha=8")
-    resumed.load_checkpoint(str(tmp_path / "ckpt"))
-    for key, value in resumed.policy_state_dict().items():
-        assert torch.allclose(value, merged[key], atol=1e-6), key
+
+
+def test_lora_checkpoint_resumes_exactly(tmp_path):
+    straight = make_learner("grpo", *LORA)
+    straight.update_batch(batch_of())
+    straight.save_checkpoint(str(tmp_path / "ckpt"))
+    expected = [straight.update_batch(batch_of(seed=s)) for s in (1, 2)]
+
+    resumed = make_learner("grpo", *LORA)
+    assert resumed.load_checkpoint(str(tmp_path / "ckpt")) == 1
+    got = [resumed.update_batch(batch_of(seed=s)) for s in (1, 2)]
+    for before, after in zip(expected, got, strict=True):
+        for key in ("learner/loss", "learner/grad_norm", "learner/lr"):
+            assert after[key] == before[key], key
+    for key, value in straight.policy_state_dict().items():
+        assert torch.equal(resumed.policy_state_dict()[key], value), key
+
+
+def test_a_run_starts_from_a_saved_adapter(tmp_path):
+    first = make_learner("sft", *LORA)
+    first.update_batch(batch_of())
+    first.save_checkpoint(str(tmp_path / "ckpt"))
+    adapter = str(tmp_path / "ckpt" / "policy")
+    second = make_learner("grpo", *LORA, f"model.adapter={adapter}")
+    for key, value in first.policy_state_dict().items():
+        assert torch.equal(second.policy_state_dict()[key], value), key
+    with pytest.raises(AdapterError, match="rank 4 and alpha 8.*learner.lora has r=8"):
+        make_learner("grpo", "learner.lora.enabled=true", "learner.lora.r=8", f"model.adapter={adapter}")
+    with pytest.raises(AdapterError, match="target_modules"):
+        make_learner("grpo", *LORA, "learner.lora.target_modules=all-linear", f"model.adapter={adapter}")
+
+
+def test_a_checkpoint_on_another_base_model_is_refused(tmp_path):
+    learner = make_learner("grpo", *LORA)
+    learner.save_checkpoint(str(tmp_path / "ckpt"))
+    # the same architecture with other weights: a copy of tiny-random with one weight changed
+    other = tmp_path / "other-base"
+    model = load_model("tiny-random")
+    with torch.no_grad():
+        model.model.norm.weight.add_(1.0)
+    model.save_pretrained(other)
+    load_tokenizer("tiny-random").save_pretrained(other)
+    resumed = make_learner("grpo", *LORA, f"model.name={other}")
+    with pytest.raises(AdapterError, match="trained on base model .*tiny-random.* but .*other-base.* hashes to"):
+        resumed.load_checkpoint(str(tmp_path / "ckpt"))
 
 
 def test_gradient_checkpointing_gives_the_same_gradient():
