@@ -40,6 +40,23 @@ def is_adapter_dir(path: str | Path) -> bool:
     return (Path(path) / ADAPTER_CONFIG).is_file()
 
 
+def is_policy_dir(path: str | Path) -> bool:
+    """A Hugging Face model directory or a LoRA adapter directory (what a checkpoint's ``policy/`` holds)."""
+    return (Path(path) / "config.json").is_file() or is_adapter_dir(path)
+
+
+def policy_source(folder: str | Path) -> tuple[str, str | None]:
+    """``(model.name, model.adapter)`` that load the policy in ``folder``: an adapter directory's recorded base
+    and the directory itself, or a model directory and no adapter."""
+    if is_adapter_dir(folder):
+        try:
+            base = json.loads((Path(folder) / BASE_MODEL).read_text())["name"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise AdapterError(f"{folder}: the adapter's {BASE_MODEL} is missing or unreadable ({exc})") from None
+        return base, str(folder)
+    return str(folder), None
+
+
 @functools.cache
 def _files_sha256(files: tuple[tuple[str, int, int], ...]) -> str:
     digest = hashlib.sha256()

@@ -23,7 +23,11 @@ Rows:
 * half the groups uniform: the same batch with every second group's rewards all 0, updated by the new
   defaults (``skip_uniform_groups: true``: those groups never enter forward or backward) and by the new
   defaults with ``skip_uniform_groups: false`` -> ``learner_skip_uniform_vs_all``, seconds with the skip
-  over seconds without (< 1: skipping is faster).
+  over seconds without (< 1: skipping is faster);
+* LoRA: the new defaults with ``learner.lora`` r16 (alpha 32) on every linear layer and no gradient
+  checkpointing (the LoRA path's settings) -> ``learner_lora_vs_full``, its seconds over the new defaults'
+  (full weights, checkpointing: the quickstart's update; < 1: LoRA is faster), and ``publish_lora_vs_full``,
+  the bytes a weights version publishes (the adapter alone) over the full policy's.
 """
 
 from __future__ import annotations
@@ -54,6 +58,11 @@ GROUP_SIZE = 4
 # Settings every row shares (the quickstart's).
 COMMON = {"gradient_checkpointing": True, "micro_batch_size": 2, "lr": 1e-6}
 NEW = {"precision": "auto", "old_logprobs": "auto"}
+LORA = {
+    **NEW,
+    "gradient_checkpointing": False,
+    "lora": {"enabled": True, "r": 16, "alpha": 32, "target_modules": "all-linear"},
+}
 PREVIOUS = {"precision": "float32", "old_logprobs": "recompute"}
 
 
@@ -139,15 +148,17 @@ def timed_update(learner: LearnerActor, trajectories: list[Trajectory], repeats:
 
 def measure(
     model: str, learner: dict, batches: list[list[Trajectory]], warm: list[Trajectory], repeats: int, **algorithm
-) -> list[tuple[float, dict]]:
+) -> tuple[list[tuple[float, dict]], int]:
     """Build one learner, warm it up on ``warm``, time an update of each of ``batches``, then free it
-    (so that a single learner's memory is resident at a time)."""
+    (so that a single learner's memory is resident at a time). Also returns the bytes of the weights version
+    it publishes."""
     actor = make_learner(model, learner, **algorithm)
     actor.update_batch(warm)  # first-call overheads: allocator, autograd, checkpointing, bf16 copy
     results = [timed_update(actor, batch, repeats) for batch in batches]
+    published = actor.weights_payload().num_bytes
     del actor
     gc.collect()
-    return results
+    return results, published
 
 
 def main() -> None:
@@ -171,16 +182,21 @@ def main() -> None:
     other = "float32" if auto == "bf16-mixed" else "bf16-mixed"
 
     # The new-defaults learner also times the half-uniform batch (its skip_uniform_groups is true).
-    (new_s, new_m), (skip_s, skip_m) = measure(
+    [(new_s, new_m), (skip_s, skip_m)], full_bytes = measure(
         args.model, NEW, [batch, half_uniform], warm, repeats, kl_coef=0.0, skip_uniform_groups=True
     )
-    [(other_s, other_m)] = measure(
+    [(other_s, other_m)], _ = measure(
         args.model, {**NEW, "precision": other}, [batch], warm, repeats, kl_coef=0.0, skip_uniform_groups=True
     )
-    [(previous_s, previous_m)] = measure(
+    [(previous_s, previous_m)], _ = measure(
         args.model, PREVIOUS, [batch], warm, repeats, kl_coef=0.001, skip_uniform_groups=False
     )
-    [(all_s, all_m)] = measure(args.model, NEW, [half_uniform], warm, repeats, kl_coef=0.0, skip_uniform_groups=False)
+    [(all_s, all_m)], _ = measure(
+        args.model, NEW, [half_uniform], warm, repeats, kl_coef=0.0, skip_uniform_groups=False
+    )
+    [(lora_s, lora_m)], lora_bytes = measure(
+        args.model, LORA, [batch], warm, repeats, kl_coef=0.0, skip_uniform_groups=True
+    )
     seconds = {auto: new_s, other: other_s}
 
     print(
@@ -195,6 +211,7 @@ def main() -> None:
         ("previous defaults (float32, recompute, KL 0.001 + reference)", previous_s, previous_m),
         ("half the groups uniform, skipped (new defaults)", skip_s, skip_m),
         ("half the groups uniform, all trained (skip_uniform_groups false)", all_s, all_m),
+        ("LoRA r16 on every linear layer, no checkpointing (new defaults)", lora_s, lora_m),
     ]
     # trained: the trajectories and sampled tokens that entered forward and backward
     print(f"{'update':<66} {'seconds':>8} {'tokens/s':>9} {'trained':>8} {'sampled':>8}")
@@ -205,6 +222,8 @@ def main() -> None:
         "learner_bf16_vs_float32": seconds["float32"] / seconds["bf16-mixed"],
         "learner_new_vs_previous_defaults": new_s / previous_s,
         "learner_skip_uniform_vs_all": skip_s / all_s,
+        "learner_lora_vs_full": lora_s / new_s,
+        "publish_lora_vs_full": lora_bytes / full_bytes,
     }
     print(f"\n{'ratio':<66} {'value':>8}")
     print(f"{'tokens/s bf16-mixed / float32 (> 1: bfloat16 faster)':<66} {ratios['learner_bf16_vs_float32']:>8.2f}")
@@ -216,9 +235,16 @@ def main() -> None:
         f"{'seconds skipping uniform groups / training on all (< 1: faster)':<66} "
         f"{ratios['learner_skip_uniform_vs_all']:>8.2f}"
     )
-    # The first and the last row run the same passes over the same tokens (only rewards differ).
     print(
-        f"(timing noise: the first and the last row do the same work; their seconds differ by "
+        f"{'seconds LoRA / full weights (the new defaults; < 1: LoRA faster)':<66} {ratios['learner_lora_vs_full']:>8.2f}"
+    )
+    print(
+        f"{'bytes published per version, LoRA / full':<66} {ratios['publish_lora_vs_full']:>8.3f}"
+        f"  ({lora_bytes / 1e6:.1f} MB / {full_bytes / 1e6:.1f} MB)"
+    )
+    # The first and the "all trained" row run the same passes over the same tokens (only rewards differ).
+    print(
+        f"(timing noise: the first row and the 'all trained' row do the same work; their seconds differ by "
         f"{max(new_s, all_s) / min(new_s, all_s):.2f}x in this run)"
     )
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # ru_maxrss is in KiB on Linux

@@ -52,6 +52,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from agentgym_rl.driver.export import export_merged
+
+    target = export_merged(args.checkpoint, args.output)
+    print(f"wrote a merged Hugging Face model to {target}")
+    return 0
+
+
 def cmd_view(args: argparse.Namespace) -> int:
     # Imported here: the viewer pulls in FastAPI and uvicorn, which train and envs never need.
     from agentgym_rl.serve.viewer import serve_viewer
@@ -245,6 +253,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key of the samplers"
     )
     p_eval.set_defaults(func=cmd_eval)
+
+    p_merged = sub.add_parser(
+        "export", help="write a checkpoint's policy as a Hugging Face model directory (a LoRA adapter merged in)"
+    )
+    p_merged.add_argument(
+        "--checkpoint", required=True, metavar="DIR", help="a run's checkpoints/iter_N dir, a run dir or an adapter dir"
+    )
+    p_merged.add_argument("--output", required=True, metavar="DIR", help="new directory to write the model to")
+    p_merged.set_defaults(func=cmd_export)
 
     p_compare = sub.add_parser(
         "compare", help="paired comparison of two eval reports (success difference B - A, exact McNemar p)"

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from scipy import stats
 
 from agentgym_rl.actors.cluster import init_ray, node_capacities, plan_actors
+from agentgym_rl.actors.lora import is_policy_dir, policy_source
 from agentgym_rl.actors.models import model_dir
 from agentgym_rl.actors.pools import SamplerPool, completed
 from agentgym_rl.actors.rundir import CONFIG_FILE, POLICY_DIR, RunDir
@@ -189,7 +190,7 @@ class EvalOptions(BaseModel):
 
 
 def resolve_checkpoint(path: str) -> tuple[Path, Path, RunDir | None]:
-    """(checkpoint dir, policy model dir, run dir holding it or None) for ``--checkpoint``.
+    """(checkpoint dir, policy model or adapter dir, run dir holding it or None) for ``--checkpoint``.
 
     A checkpoint's own ``policy/`` directory counts as that checkpoint, so the run's sampler settings
     (token budgets) apply to it as they do to the checkpoint.
@@ -202,14 +203,15 @@ def resolve_checkpoint(path: str) -> tuple[Path, Path, RunDir | None]:
         if latest is None:
             raise EvalError(f"--checkpoint {path}: run directory without a complete checkpoint")
         folder = latest
-    if (folder / POLICY_DIR / "config.json").is_file():
+    if is_policy_dir(folder / POLICY_DIR):
         policy = folder / POLICY_DIR
-    elif (folder / "config.json").is_file():
+    elif is_policy_dir(folder):
         policy = folder
     else:
         raise EvalError(
-            f"--checkpoint {path}: neither {POLICY_DIR}/config.json nor config.json there; give a run's "
-            "checkpoints/iter_N directory, a run directory or a Hugging Face model directory"
+            f"--checkpoint {path}: neither a {POLICY_DIR}/ model or adapter nor a model or adapter directory; give "
+            "a run's checkpoints/iter_N directory, a run directory, a Hugging Face model directory or a LoRA "
+            "adapter directory"
         )
     run_root = folder.parent.parent
     in_run = folder.parent.name == "checkpoints" and (run_root / CONFIG_FILE).is_file()
@@ -236,7 +238,7 @@ def build_config(options: EvalOptions, policy: str, run_dir: RunDir | None) -> C
     # The env's options as the run trained it: its `envs` entry in a multi-env run, else `env` if it is that env.
     trained = [entry for entry in data.pop("envs") if entry["name"] == options.env] or [data["env"]]
     env_options = trained[0]["options"] if trained[0]["name"] == options.env else {}
-    data["model"]["name"] = policy
+    data["model"]["name"], data["model"]["adapter"] = policy_source(policy)
     data["env"] = {"name": options.env, "split": options.split, "options": env_options}
     data["sampler"]["policy"] = "model"
     data["sampler"]["sampling"]["temperature"] = options.temperature

@@ -9,7 +9,7 @@ import ray
 
 from agentgym_rl.actors.chat import ChatFormat
 from agentgym_rl.actors.cluster import SHUTDOWN_GRACE_S, deadline, init_ray
-from agentgym_rl.actors.lora import is_adapter_dir
+from agentgym_rl.actors.lora import AdapterError, is_adapter_dir, read_adapter
 from agentgym_rl.actors.models import load_tokenizer
 from agentgym_rl.actors.rundir import CONFIG_FILE, RunDir
 from agentgym_rl.configs import Config, ConfigError, load_config
@@ -62,6 +62,15 @@ def check_algorithm(config: Config) -> None:
         )
 
 
+def check_adapter(config: Config) -> None:
+    """A ``model.adapter`` must be an adapter directory trained on ``model.name``; checked before any actor starts."""
+    if config.model.adapter is not None:
+        try:
+            read_adapter(config.model.adapter).check_base(config.model.name)
+        except AdapterError as exc:
+            raise ConfigError(f"invalid config: model.adapter={config.model.adapter!r}: {exc}") from None
+
+
 def prepare_run(config_path: str | None, overrides: list[str], resume: str | None) -> tuple[Config, RunDir]:
     """Resolve the config and run directory for ``train``.
 
@@ -75,12 +84,14 @@ def prepare_run(config_path: str | None, overrides: list[str], resume: str | Non
         config = load_config(path / CONFIG_FILE, overrides, algorithm_keys=algorithm_keys)
         check_algorithm(config)
         check_envs(config)
+        check_adapter(config)
         run_dir = RunDir(path)
         run_dir.create(config)
         return config, run_dir
     config = load_config(config_path, overrides, algorithm_keys=algorithm_keys)
     check_algorithm(config)
     check_envs(config)
+    check_adapter(config)
     if config.run.name is None:
         config.run.name = f"{'mix' if config.envs else config.env.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = RunDir(Path(config.run.dir) / config.run.name)

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from agentgym_rl.actors.lora import is_policy_dir, policy_source, read_adapter
 from agentgym_rl.actors.models import model_dir
 from agentgym_rl.actors.rundir import POLICY_DIR
 from agentgym_rl.configs import Config
@@ -42,7 +43,9 @@ class ServeArgs(BaseModel):
     checkpoint: str | None = Field(
         None, description="A checkpoint directory (its `policy/` Hugging Face dir) or a Hugging Face dir itself."
     )
-    model: str | None = Field(None, description="A built-in model name or local Hugging Face directory.")
+    model: str | None = Field(
+        None, description="A built-in model name, a local Hugging Face directory or a LoRA adapter directory."
+    )
     model_id: str | None = Field(None, description="Id clients send as `model`; default: the model name or dir name.")
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="Dtype the replica computes in (`auto`: bfloat16 where the hardware is fast at it)."
@@ -64,15 +67,18 @@ class ServeArgs(BaseModel):
 
     @property
     def source(self) -> str:
-        """The model name or Hugging Face directory the weights and tokenizer are read from."""
+        """The model name, Hugging Face directory or LoRA adapter directory the weights are read from."""
         if self.model is not None:
             return self.model
         folder = Path(self.checkpoint).expanduser()
-        if (folder / POLICY_DIR / "config.json").is_file():
+        if is_policy_dir(folder / POLICY_DIR):
             return str(folder / POLICY_DIR)
-        if (folder / "config.json").is_file():
+        if is_policy_dir(folder):
             return str(folder)
-        raise ValueError(f"checkpoint {self.checkpoint!r} has neither {POLICY_DIR}/config.json nor config.json")
+        raise ValueError(
+            f"checkpoint {self.checkpoint!r} holds no {POLICY_DIR}/ model or adapter and is no model or adapter "
+            "directory itself"
+        )
 
     @property
     def engine(self) -> Literal["transformers", "vllm"]:
@@ -81,9 +87,10 @@ class ServeArgs(BaseModel):
 
     @classmethod
     def for_training(cls, config: Config) -> ServeArgs:
-        """The endpoint a training run serves: its model, the sampler's dtype and engine, the run seed."""
+        """The endpoint a training run serves: its model (or the adapter it starts from), the sampler's dtype and
+        engine, the run seed."""
         return cls(
-            model=config.model.name,
+            model=config.model.adapter or config.model.name,
             dtype=config.sampler.dtype,
             seed=config.run.seed,
             sampler_engine=config.sampler.engine,
@@ -128,7 +135,10 @@ def build_app(args: ServeArgs) -> serve.Application:
     """
     check_engine(args.engine)
     source = args.source
-    model_dir(source)  # fail here, not in a replica, on an unknown model; builds a built-in once
+    name, adapter = policy_source(source)
+    model_dir(name)  # fail here, not in a replica, on an unknown model; builds a built-in once
+    if adapter is not None:
+        read_adapter(adapter).check_base(name)
     limits = resolve_api_key(args.serve)
     scaling: dict = {"num_replicas": limits.num_replicas}
     if limits.autoscaling is not None:

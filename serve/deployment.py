@@ -31,6 +31,7 @@ import torch
 from ray import serve
 
 from agentgym_rl.actors.engines import ChoiceDelta, CompletionRequest, ServingEngine, make_serving_engine
+from agentgym_rl.actors.lora import policy_source
 from agentgym_rl.actors.models import load_tokenizer
 from agentgym_rl.actors.weights import WeightsPayload
 
@@ -114,10 +115,12 @@ def build_engine(
     max_requests: int,
 ) -> ServingEngine:
     """The serving engine of a replica, with the source's stop and pad ids."""
-    tokenizer = load_tokenizer(source)
+    name, adapter = policy_source(source)
+    tokenizer = load_tokenizer(name)
     return make_serving_engine(
         engine,
-        model_name=source,
+        model_name=name,
+        adapter=adapter,
         dtype=dtype,
         seed=seed,
         stop_token_ids=[tokenizer.eos_token_id],

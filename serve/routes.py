@@ -19,6 +19,7 @@ from pydantic import BaseModel
 
 from agentgym_rl.actors.chat import ChatFormat
 from agentgym_rl.actors.engines import ChoiceDelta, CompletionRequest, SamplingParams
+from agentgym_rl.actors.lora import policy_source
 from agentgym_rl.actors.models import load_tokenizer
 from agentgym_rl.configs.schema import ServeConfig
 from agentgym_rl.envs import EnvError, InvalidAction, TextEnv, make
@@ -92,7 +93,7 @@ class PolicyAPI:
     Args:
         policy: the model replica these routes run in.
         model_id: the id clients name in ``model``.
-        source: model name or directory the tokenizer is read from.
+        source: model name, model directory or adapter directory (its base's tokenizer is read).
         limits: the serve config (token caps, ``n`` cap, body size, API key).
         model_ready: whether the model is loaded (asked until it first says yes; 503 before).
     """
@@ -111,7 +112,7 @@ class PolicyAPI:
         self.limits = limits
         self.model_ready = model_ready
         self.ready = False
-        tokenizer = load_tokenizer(source)
+        tokenizer = load_tokenizer(policy_source(source)[0])
         self.chat = ChatFormat(tokenizer)
         self.tokens = TokenTexts(tokenizer)
         self.hidden_ids = {tokenizer.eos_token_id}  # the stop token ends a reply; it is no part of its text

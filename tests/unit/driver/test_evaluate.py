@@ -26,6 +26,8 @@ from agentgym_rl.driver.evaluate import (
     wilson_interval,
 )
 from agentgym_rl.envs import EnvError
+from tests.unit.learner.helpers import batch_of
+from tests.unit.learner.test_learner import make_learner
 
 
 @pytest.mark.parametrize(
@@ -149,6 +151,18 @@ def make_checkpoint(root: Path, iteration: int) -> Path:
     return checkpoint
 
 
+def lora_checkpoint(root: Path) -> Path:
+    """A run directory whose checkpoint a LoRA learner on tiny-random wrote (its policy/ is an adapter)."""
+    run = RunDir(root)
+    run.create(Config.model_validate({"model": {"name": "tiny-random"}, "learner": {"lora": {"enabled": True}}}))
+    checkpoint = run.checkpoint_dir(1)
+    learner = make_learner("sft", "learner.lora.enabled=true", "learner.lr=1e-2")
+    learner.update_batch(batch_of())
+    learner.save_checkpoint(str(checkpoint))
+    (checkpoint / "trainer.json").write_text("{}")
+    return checkpoint
+
+
 def test_resolve_checkpoint_finds_policy_and_run_dir(tmp_path: Path):
     older = make_checkpoint(tmp_path / "run", 2)
     newer = make_checkpoint(tmp_path / "run", 4)
@@ -162,8 +176,20 @@ def test_resolve_checkpoint_finds_policy_and_run_dir(tmp_path: Path):
     # a bare model directory is its own policy and belongs to no run
     bare = model_dir("tiny-random")
     assert resolve_checkpoint(str(bare)) == (bare, bare, None)
-    with pytest.raises(EvalError, match="neither policy/config.json nor config.json"):
+    with pytest.raises(EvalError, match="neither a policy/ model or adapter nor a model or adapter directory"):
         resolve_checkpoint(str(tmp_path))
+
+
+def test_a_lora_checkpoint_plays_its_adapter_over_the_recorded_base(tmp_path: Path):
+    checkpoint = lora_checkpoint(tmp_path / "run")
+    _, policy, run_dir = resolve_checkpoint(str(checkpoint))
+    assert policy == checkpoint / "policy"
+    config = build_config(EvalOptions(env="babyai"), str(policy), run_dir)
+    assert (config.model.name, config.model.adapter) == ("tiny-random", str(policy))
+    # the adapter directory alone (as a stage commits it) is a checkpoint of no run
+    bare = tmp_path / "adapter"
+    shutil.copytree(policy, bare)
+    assert resolve_checkpoint(str(bare)) == (bare, bare, None)
 
 
 def test_build_config_keeps_the_runs_env_options_and_applies_overrides(tmp_path: Path):

@@ -4,7 +4,8 @@ them, and an algorithm setting the mode cannot honour fails them."""
 import pytest
 
 from agentgym_rl.configs import Config, ConfigError, load_config
-from agentgym_rl.driver.run import check_algorithm
+from agentgym_rl.driver.run import algorithm_keys, check_adapter, check_algorithm
+from tests.unit.learner.test_learner import make_learner
 
 PUBLISHED = {  # REFERENCE.md: ScalingInter-RL rounds and advance interval per env
     "babyai": ([6, 13, 20], 100),
@@ -39,3 +40,37 @@ def test_rollout_correction_refuses_the_samplers_own_old_logprobs():
     check_algorithm(Config.model_validate(base))
     with pytest.raises(ConfigError, match="rollout_correction"):
         check_algorithm(Config.model_validate({**base, "trainer": {"mode": "async"}}))
+
+
+STAGES = ["grpo_stepwise", "grpo_fixed_short", "grpo_fixed_long", "gigpo_stepwise"]
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_babyai_rl_stages_differ_from_the_stepwise_one_only_where_their_headers_say(stage):
+    config = load_config(f"configs/babyai/{stage}.yaml", algorithm_keys=algorithm_keys)
+    check_algorithm(config)
+    stepwise = load_config("configs/babyai/grpo_stepwise.yaml", algorithm_keys=algorithm_keys)
+    assert config.model.adapter == "docs/results/babyai/sft/adapter" and config.learner.lora.enabled
+    assert config.learner.lora == stepwise.learner.lora and config.trainer == stepwise.trainer
+    assert config.sampler == stepwise.sampler and config.env == stepwise.env
+    expected = {
+        "grpo_stepwise": ("grpo", "stepwise"),
+        "grpo_fixed_short": ("grpo", "fixed", 4),
+        "grpo_fixed_long": ("grpo", "fixed", 10),
+        "gigpo_stepwise": ("gigpo", "stepwise"),
+    }[stage]
+    assert (config.algorithm.name, config.curriculum.schedule) == expected[:2]
+    if config.curriculum.schedule == "fixed":
+        assert config.curriculum.horizon == expected[2] in stepwise.curriculum.horizons
+
+
+def test_a_model_adapter_that_is_missing_or_of_another_base_fails_before_anything_starts(tmp_path):
+    config = Config.model_validate({"model": {"name": "tiny-random", "adapter": str(tmp_path / "none")}})
+    with pytest.raises(ConfigError, match="model.adapter=.*adapter_config.json, adapter_model.safetensors"):
+        check_adapter(config)
+    learner = make_learner("sft", "learner.lora.enabled=true")
+    learner.save_checkpoint(str(tmp_path / "ckpt"))
+    adapter = str(tmp_path / "ckpt" / "policy")
+    check_adapter(Config.model_validate({"model": {"name": "tiny-random", "adapter": adapter}}))
+    with pytest.raises(ConfigError, match="trained on base model 'tiny-random'"):
+        check_adapter(Config.model_validate({"model": {"name": "smollm2-135m-instruct", "adapter": adapter}}))
