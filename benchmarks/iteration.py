@@ -1,12 +1,12 @@
-"""A whole GRPO iteration of the quickstart, new defaults / previous defaults, in wall time (goal <= 1/3).
+"""A whole GRPO iteration of the full-weights recipe, new defaults / previous defaults, in wall time (goal <= 1/3).
 
     python benchmarks/iteration.py [--quick] [--model smollm2-135m-instruct] [--horizon 6] [--iterations N]
 
-Two ``agentgym-rl train configs/quickstart.yaml`` runs, one after the other, on the same tasks with the
+Two ``agentgym-rl train configs/warm_start_grpo.yaml`` runs, one after the other, on the same tasks with the
 same seeds (``run.seed`` 0) and the same horizon: warm start off (``warm_start.iterations=0``), the
 curriculum fixed at one horizon, N GRPO iterations (2 with --quick), no checkpoint before the last.
 
-* new defaults: the quickstart as it is (``sampler.dtype`` and ``learner.precision`` ``auto``,
+* new defaults: the recipe as it is (``sampler.dtype`` and ``learner.precision`` ``auto``,
   ``learner.old_logprobs`` ``auto``, ``algorithm.kl_coef`` 0, ``algorithm.skip_uniform_groups`` true);
 * previous defaults: the same with ``sampler.dtype=float32 learner.precision=float32
   learner.old_logprobs=recompute algorithm.kl_coef=0.001 algorithm.skip_uniform_groups=false``.
@@ -52,7 +52,7 @@ GOAL = 1 / 3
 
 
 def train(name: str, extra: list[str], *, model: str, horizon: int, iterations: int, root: Path) -> Path:
-    """``agentgym-rl train configs/quickstart.yaml`` with this benchmark's settings and ``extra``; returns the
+    """``agentgym-rl train configs/warm_start_grpo.yaml`` with this benchmark's settings and ``extra``; returns the
     run directory."""
     sets = [
         f"model.name={model}",
@@ -69,7 +69,7 @@ def train(name: str, extra: list[str], *, model: str, horizon: int, iterations: 
         *extra,
     ]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    command = [sys.executable, "-m", "agentgym_rl.driver.cli", "train", "configs/quickstart.yaml"]
+    command = [sys.executable, "-m", "agentgym_rl.driver.cli", "train", "configs/warm_start_grpo.yaml"]
     command += [a for s in sets for a in ("--set", s)]
     done = subprocess.run(command, cwd=REPO, env=env, check=False, capture_output=True, text=True)
     if done.returncode != 0:

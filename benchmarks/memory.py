@@ -3,8 +3,8 @@ sampled while it runs, against a budget.
 
     python benchmarks/memory.py [--budget-gib 8] [--interval 0.5] [--quick]
 
-Runs ``agentgym-rl train configs/quickstart.yaml`` on its defaults, shortened so that every phase is
-reached at its largest (the SFT warm start for 2 iterations, then 2 GRPO iterations at the quickstart's
+Runs ``agentgym-rl train configs/warm_start_grpo.yaml`` on its defaults, shortened so that every phase is
+reached at its largest (the SFT warm start for 2 iterations, then 2 GRPO iterations at the recipe's
 longest horizon, 10 turns; ``--quick``: 1 and 1), and samples every process below it. Two sums are
 printed per phase and at the peak:
 
@@ -84,7 +84,7 @@ def main() -> None:
             f"run.dir={root}",
             "run.name=memory",
         ]
-        command = [sys.executable, "-m", "agentgym_rl.driver.cli", "train", "configs/quickstart.yaml"]
+        command = [sys.executable, "-m", "agentgym_rl.driver.cli", "train", "configs/warm_start_grpo.yaml"]
         command += [a for s in sets for a in ("--set", s)]
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
         started = time.perf_counter()
@@ -111,7 +111,7 @@ def main() -> None:
             tail = (Path(root) / "train.log").read_text()[-3000:]
             raise SystemExit(f"the run failed (exit {code}):\n{tail}")
     print(
-        f"agentgym-rl train configs/quickstart.yaml, {iterations} warm-start + {iterations} GRPO iterations at "
+        f"agentgym-rl train configs/warm_start_grpo.yaml, {iterations} warm-start + {iterations} GRPO iterations at "
         f"horizon 10, {time.perf_counter() - started:.0f} s; sampled every {args.interval:g} s"
     )
     print(f"{'phase':<12} {'peak PSS GiB':>12} {'RSS GiB':>8}  PSS GiB by process at that moment")

@@ -40,7 +40,7 @@ def test_trains_two_iterations_with_finite_losses_and_nonzero_gradients(tmp_path
     overrides = [item for setting in [*settings, *RUNS[run]] for item in ("--set", setting)]
     result = run_cli(
         "train",
-        str(REPO / "configs" / "quickstart.yaml"),
+        str(REPO / "configs" / "warm_start_grpo.yaml"),
         *overrides,
         "--set",
         "trainer.iterations=2",

@@ -67,7 +67,7 @@ def test_sigkill_during_a_checkpoint_write_then_resume(tmp_path: Path):
     run_dir = runs / "crash"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     proc = subprocess.Popen(
-        command("train", str(REPO / "configs" / "quickstart.yaml"), *overrides(runs, "crash")),
+        command("train", str(REPO / "configs" / "warm_start_grpo.yaml"), *overrides(runs, "crash")),
         cwd=tmp_path,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -92,7 +92,7 @@ def test_sigkill_during_a_checkpoint_write_then_resume(tmp_path: Path):
     resumed = run_cli("train", "--resume", str(run_dir), cwd=tmp_path, env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     straight = run_cli(
-        "train", str(REPO / "configs" / "quickstart.yaml"), *overrides(runs, "straight"), cwd=tmp_path, env=env
+        "train", str(REPO / "configs" / "warm_start_grpo.yaml"), *overrides(runs, "straight"), cwd=tmp_path, env=env
     )
     assert straight.returncode == 0, straight.stderr[-3000:]
 
@@ -115,7 +115,7 @@ def test_a_background_run_stops_on_a_signal_and_resumes(tmp_path: Path, signum: 
     log = tmp_path / "stderr.log"
     with log.open("w") as stderr:
         proc = subprocess.Popen(
-            command("train", str(REPO / "configs" / "quickstart.yaml"), *overrides(runs, "stopped")),
+            command("train", str(REPO / "configs" / "warm_start_grpo.yaml"), *overrides(runs, "stopped")),
             cwd=tmp_path,
             env=env,
             stdout=subprocess.DEVNULL,

@@ -61,7 +61,7 @@ def test_training_run_serves_each_new_version(tmp_path: Path):
         "serve.num_cpus": 0.05,
     }
     overrides = [item for key, value in settings.items() for item in ("--set", f"{key}={value}")]
-    process = start_cli("train", str(REPO / "configs" / "quickstart.yaml"), *overrides, cwd=tmp_path)
+    process = start_cli("train", str(REPO / "configs" / "warm_start_grpo.yaml"), *overrides, cwd=tmp_path)
 
     versions: list[int] = []
     errors: list[str] = []

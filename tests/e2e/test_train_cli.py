@@ -52,7 +52,7 @@ def test_train_two_iterations_then_resume_matches_an_uninterrupted_run(tmp_path:
     run_dir = tmp_path / "runs" / "tiny"
     common = [*TINY, "--set", f"run.dir={tmp_path / 'runs'}", "--set", "run.name=tiny"]
     first = run_cli(
-        "train", str(REPO / "configs" / "quickstart.yaml"), *common, "--set", "trainer.iterations=2", cwd=tmp_path
+        "train", str(REPO / "configs" / "warm_start_grpo.yaml"), *common, "--set", "trainer.iterations=2", cwd=tmp_path
     )
     assert first.returncode == 0, first.stderr[-3000:]
     assert "finished iteration 1" in first.stdout
@@ -65,20 +65,20 @@ def test_train_two_iterations_then_resume_matches_an_uninterrupted_run(tmp_path:
         for key in ("horizon", "success_rate", "mean_reward", "learner/loss", "time/iteration_s"):
             assert key in record
     lines = (run_dir / "trajectories" / "iter_000001.jsonl").read_text().splitlines()
-    assert len(lines) == 2 * 4  # tasks_per_iteration x group_size of the quickstart preset
+    assert len(lines) == 2 * 4  # tasks_per_iteration x group_size of the warm_start_grpo preset
     assert json.loads(lines[0])["weights_version"] == 1
     checkpoint = run_dir / "checkpoints" / "iter_000002"
     model = AutoModelForCausalLM.from_pretrained(checkpoint / "policy")
     assert model.config.num_hidden_layers == 2
 
-    again = run_cli("train", str(REPO / "configs" / "quickstart.yaml"), *common, cwd=tmp_path)
+    again = run_cli("train", str(REPO / "configs" / "warm_start_grpo.yaml"), *common, cwd=tmp_path)
     assert again.returncode == 2 and "--resume" in again.stderr
 
     resumed = run_cli("train", "--resume", str(run_dir), "--set", "trainer.iterations=4", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     straight = run_cli(
         "train",
-        str(REPO / "configs" / "quickstart.yaml"),
+        str(REPO / "configs" / "warm_start_grpo.yaml"),
         *TINY,
         "--set",
         f"run.dir={tmp_path / 'runs'}",

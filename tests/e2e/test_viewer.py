@@ -198,7 +198,7 @@ def run_dir(tmp_path_factory) -> Path:
     }
     sets = [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
     result = subprocess.run(
-        cli("train", str(REPO / "configs" / "quickstart.yaml"), *sets),
+        cli("train", str(REPO / "configs" / "warm_start_grpo.yaml"), *sets),
         cwd=root,
         env=clean_env(),
         capture_output=True,

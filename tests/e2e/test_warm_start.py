@@ -50,7 +50,7 @@ def lines(path: Path) -> list[dict]:
 def test_rl_starts_from_the_warm_start_policy_and_resume_does_not_repeat_it(tmp_path: Path):
     runs = tmp_path / "runs"
     sets = [item for s in [*SETTINGS, f"run.dir={runs}", "run.name=ws"] for item in ("--set", s)]
-    first = train(str(REPO / "configs" / "quickstart.yaml"), *sets, "--set", "trainer.iterations=1", cwd=tmp_path)
+    first = train(str(REPO / "configs" / "warm_start_grpo.yaml"), *sets, "--set", "trainer.iterations=1", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
 
     run = runs / "ws"

@@ -77,7 +77,7 @@ def test_tiny_run_writes_offline_wandb_run_with_its_metrics(tmp_path: Path):
     sets = [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_") and k != "RAY_ADDRESS"}
     result = subprocess.run(
-        [*command, "train", str(REPO / "configs" / "quickstart.yaml"), *sets],
+        [*command, "train", str(REPO / "configs" / "warm_start_grpo.yaml"), *sets],
         cwd=tmp_path,
         env=env,
         capture_output=True,
