@@ -183,3 +183,26 @@ def test_eval_replays_a_killed_samplers_tasks_on_the_survivor_with_the_same_seed
     assert len(report["results"]) == 24 and len({r["task_id"] for r in report["results"]}) == 24
     assert all(r["seed"] == episode_seeds(0, r["task_id"], 1)[0] for r in report["results"])
     assert report["results"] == baseline["results"]
+
+
+@pytest.mark.slow  # two eval start-ups and an export: about a minute on two cores
+def test_eval_of_a_lora_checkpoint_plays_as_its_exported_merged_model(tmp_path: Path):
+    from tests.unit.driver.test_evaluate import lora_checkpoint
+
+    checkpoint = lora_checkpoint(tmp_path / "runs" / "lora")
+    merged = tmp_path / "merged"
+    assert run_cli("export", "--checkpoint", str(checkpoint), "--output", str(merged), cwd=tmp_path).returncode == 0
+    reports = {}
+    for name, source in (("adapter", checkpoint), ("merged", merged)):
+        output = tmp_path / f"{name}.json"
+        done = run_cli(
+            "eval", "--checkpoint", str(source), "--env", "babyai", "--episodes", "3", "--max-turns", "2",
+            "--output", str(output), "--set", "sampler.dtype=float32", *FAST, cwd=tmp_path,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        reports[name] = json.loads(output.read_text())
+    assert reports["adapter"]["policy"] == str(checkpoint / "policy")
+    # same tasks, seeds and weights (float32 merges of the same adapter): the same per-episode results (token-level
+    # equality of adapter and merged sampling is tests/unit/learner/test_lora_publishing.py's)
+    assert reports["adapter"]["results"] == reports["merged"]["results"]
+    assert [r["seed"] for r in reports["adapter"]["results"]] == [r["seed"] for r in reports["merged"]["results"]]
