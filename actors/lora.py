@@ -130,6 +130,17 @@ def read_adapter(folder: str | Path) -> Adapter:
     )
 
 
+def read_checked_adapter(folder: str | Path, base: str) -> Adapter:
+    """The adapter in ``folder`` after checking that model ``base`` is the one it was trained on.
+
+    Raises:
+        AdapterError: a file is missing or unreadable, or ``base``'s weights are not the recorded ones.
+    """
+    saved = read_adapter(folder)
+    saved.check_base(base)
+    return saved
+
+
 def write_base_model(folder: str | Path, name: str) -> None:
     """Record base model ``name`` and its weights' hash beside an adapter that peft saved in ``folder``."""
     record = {"name": name, "sha256": base_model_sha256(name)}
@@ -184,7 +195,6 @@ def load_policy(name: str, adapter: str | None, dtype: str = "float32") -> torch
     that ``name`` is the adapter's base."""
     model = load_model(name, dtype)
     if adapter is not None:
-        saved = read_adapter(adapter)
-        saved.check_base(name)
+        saved = read_checked_adapter(adapter, name)
         AdapterMerger(model).apply(saved.tensors, saved.scale)
     return model

@@ -9,7 +9,7 @@ import ray
 
 from agentgym_rl.actors.chat import ChatFormat
 from agentgym_rl.actors.cluster import SHUTDOWN_GRACE_S, deadline, init_ray
-from agentgym_rl.actors.lora import AdapterError, is_adapter_dir, read_adapter
+from agentgym_rl.actors.lora import AdapterError, is_adapter_dir, read_checked_adapter
 from agentgym_rl.actors.models import load_tokenizer
 from agentgym_rl.actors.rundir import CONFIG_FILE, RunDir
 from agentgym_rl.configs import Config, ConfigError, load_config
@@ -66,7 +66,7 @@ def check_adapter(config: Config) -> None:
     """A ``model.adapter`` must be an adapter directory trained on ``model.name``; checked before any actor starts."""
     if config.model.adapter is not None:
         try:
-            read_adapter(config.model.adapter).check_base(config.model.name)
+            read_checked_adapter(config.model.adapter, config.model.name)
         except AdapterError as exc:
             raise ConfigError(f"invalid config: model.adapter={config.model.adapter!r}: {exc}") from None
 

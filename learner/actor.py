@@ -11,7 +11,7 @@ import ray
 import structlog
 import torch
 
-from agentgym_rl.actors.lora import load_policy, read_adapter, write_base_model
+from agentgym_rl.actors.lora import load_policy, read_checked_adapter, write_base_model
 from agentgym_rl.actors.models import load_model, load_tokenizer, resolve_dtype
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.actors.weights import WeightsPayload, pack_state_dict
@@ -103,8 +103,7 @@ class LearnerActor:
         if learner.lora.enabled:
             self.policy = apply_lora(self.policy, learner.lora)
             if model.adapter is not None:  # go on training a saved adapter (e.g. an SFT stage's)
-                saved = read_adapter(model.adapter)
-                saved.check_base(model.name)
+                saved = read_checked_adapter(model.adapter, model.name)
                 check_adapter_matches(saved, learner.lora, model.adapter)
                 load_adapter_state_dict(self.policy, saved.tensors)
         self.policy.train()
@@ -423,8 +422,7 @@ class LearnerActor:
         state = torch.load(folder / LEARNER_STATE, weights_only=False)
         if is_lora(self.policy):
             # The base stays as loaded (checked against the hash the adapter records); only the adapter is read.
-            saved = read_adapter(folder / POLICY_DIR)
-            saved.check_base(self.model_config.name)
+            saved = read_checked_adapter(folder / POLICY_DIR, self.model_config.name)
             load_adapter_state_dict(self.policy, saved.tensors)
         else:
             restored = load_model(str(folder / POLICY_DIR), "float32")

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from agentgym_rl.actors.lora import is_policy_dir, policy_source, read_adapter
+from agentgym_rl.actors.lora import is_policy_dir, policy_source, read_checked_adapter
 from agentgym_rl.actors.models import model_dir
 from agentgym_rl.actors.rundir import POLICY_DIR
 from agentgym_rl.configs import Config
@@ -138,7 +138,7 @@ def build_app(args: ServeArgs) -> serve.Application:
     name, adapter = policy_source(source)
     model_dir(name)  # fail here, not in a replica, on an unknown model; builds a built-in once
     if adapter is not None:
-        read_adapter(adapter).check_base(name)
+        read_checked_adapter(adapter, name)
     limits = resolve_api_key(args.serve)
     scaling: dict = {"num_replicas": limits.num_replicas}
     if limits.autoscaling is not None:

@@ -21,7 +21,7 @@ from agentgym_rl.actors.engines.base import Engine, Generation
 from agentgym_rl.actors.engines.decode import DecodeBatch, Row
 from agentgym_rl.actors.engines.kv_cache import CachedPrefix, EpisodeKVCache
 from agentgym_rl.actors.engines.sampling import SamplingParams, StopStrings
-from agentgym_rl.actors.lora import AdapterMerger, read_adapter
+from agentgym_rl.actors.lora import AdapterMerger, read_checked_adapter
 from agentgym_rl.actors.models import load_model, load_tokenizer
 from agentgym_rl.actors.weights import WeightsPayload, unpack_state_dict
 from agentgym_rl.configs.schema import SamplingConfig
@@ -58,8 +58,7 @@ class TransformersEngine(Engine):
         self.model.to(self.device)
         self.merger = AdapterMerger(self.model)
         if adapter is not None:
-            saved = read_adapter(adapter)
-            saved.check_base(model_name)
+            saved = read_checked_adapter(adapter, model_name)
             self.merger.apply(saved.tensors, saved.scale)
         self.stop_token_ids = torch.tensor(sorted(set(stop_token_ids)), device=self.device)
         self.pad_token_id = pad_token_id

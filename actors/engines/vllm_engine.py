@@ -37,7 +37,7 @@ import torch
 from agentgym_rl.actors.engines.base import Engine, EngineUnavailableError, Generation
 from agentgym_rl.actors.engines.sampling import SamplingParams
 from agentgym_rl.actors.engines.serving import ChoiceDelta, CompletionRequest, ServingEngine, choice_seed
-from agentgym_rl.actors.lora import AdapterMerger, read_adapter
+from agentgym_rl.actors.lora import AdapterMerger, read_checked_adapter
 from agentgym_rl.actors.models import load_model, model_dir
 from agentgym_rl.actors.weights import WeightsPayload, unpack_state_dict
 from agentgym_rl.configs.schema import SamplingConfig
@@ -164,8 +164,7 @@ class VLLMEngine(Engine):
         )
         self._llm = self._run(self._start(args))
         if adapter is not None:
-            saved = read_adapter(adapter)
-            saved.check_base(model_name)
+            saved = read_checked_adapter(adapter, model_name)
             self._merge_and_load(saved.tensors, saved.scale)
 
     def _run(self, coroutine: Coroutine) -> Any:

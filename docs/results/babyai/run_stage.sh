@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# One stage of the BabyAI experiment (README "Learning results"), run from the repository root:
+#
+#   docs/results/babyai/run_stage.sh STAGE [RUNS_DIR]
+#
+# STAGE is `base` (the base model, evaluated only) or the name of a config in configs/babyai/ (`sft`,
+# `grpo_stepwise`, `grpo_fixed_short`, `grpo_fixed_long`, `gigpo_stepwise`). A training stage trains its
+# config into RUNS_DIR (default runs/babyai), resuming the run if RUNS_DIR already holds it, then writes
+# docs/results/babyai/STAGE/: adapter/ (the final adapter, its tensors stored in bfloat16 to keep the
+# repository small), config.yaml (the run's resolved config), metrics.jsonl (its per-iteration metrics, for
+# `agentgym-rl plot`), eval.json and stage.json (commit, commands, wall times, machine). Every row is evaluated the same way: its committed adapter (or the base model) on the
+# 200 held-out tasks, one episode each at temperature 1, at most 10 turns, with the RL stages' sampler
+# settings (configs/babyai/grpo_stepwise.yaml), the same tasks and sampling seeds for every row.
+set -euo pipefail
+stage=${1:?usage: run_stage.sh STAGE [RUNS_DIR]}
+runs=${2:-runs/babyai}
+cli=.venv/bin/agentgym-rl
+python=.venv/bin/python
+out=docs/results/babyai/$stage
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
+
+eval_args=(--env babyai --split test --max-turns 10 --config configs/babyai/grpo_stepwise.yaml
+  --set sampler.envs_per_sampler=16 --set sampler.max_batch_size=16 --set sampler.start_timeout_s=900)
+commands=()
+mkdir -p "$out"
+started=$(date -u +%FT%TZ)
+train_s=0
+
+if [[ $stage == base ]]; then
+  eval_cmd=("$cli" eval --model smollm2-135m-instruct "${eval_args[@]}" --output "$out/eval.json")
+else
+  config=configs/babyai/$stage.yaml
+  [[ -f $config ]] || { echo "run_stage.sh: no $config; stages: base, $(ls configs/babyai | sed 's/.yaml//' | xargs)" >&2; exit 2; }
+  name=$("$python" -c "import sys; from agentgym_rl.configs import load_config; print(load_config(sys.argv[1]).run.name)" "$config")
+  run=$runs/$name
+  if [[ -f $run/config.yaml ]]; then
+    train_cmd=("$cli" train --resume "$run")
+  else
+    train_cmd=("$cli" train "$config" --set "run.dir=$runs")
+  fi
+  commands+=("${train_cmd[*]}")
+  t0=$(date +%s)
+  "${train_cmd[@]}"
+  train_s=$(( $(date +%s) - t0 ))
+  latest=$(ls -d "$run"/checkpoints/iter_* | sort | tail -1)
+  rm -rf "$out/adapter" && mkdir -p "$out/adapter"
+  cp "$latest/policy/adapter_config.json" "$latest/policy/base_model.json" "$out/adapter/"
+  "$python" - "$latest/policy/adapter_model.safetensors" "$out/adapter/adapter_model.safetensors" <<'EOF'
+import sys
+
+import torch
+from safetensors.torch import load_file, save_file
+
+save_file({k: v.to(torch.bfloat16) for k, v in load_file(sys.argv[1]).items()}, sys.argv[2])
+EOF
+  cp "$run/config.yaml" "$run/metrics.jsonl" "$out/"
+  eval_cmd=("$cli" eval --checkpoint "$out/adapter" "${eval_args[@]}" --output "$out/eval.json")
+fi
+commands+=("${eval_cmd[*]}")
+t0=$(date +%s)
+"${eval_cmd[@]}"
+eval_s=$(( $(date +%s) - t0 ))
+
+"$python" - "$out/stage.json" "$stage" "$started" "$train_s" "$eval_s" "${run:-}" "${commands[@]}" <<'EOF'
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+path, stage, started, train_s, eval_s, run, *commands = sys.argv[1:]
+metrics = Path(run, "metrics.jsonl") if run else None
+iterations = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics and metrics.is_file() else []
+cpu = {}
+for line in Path("/proc/cpuinfo").read_text().splitlines():
+    key, _, value = line.partition(":")
+    if key.strip() in ("model name", "cpu family") and key.strip() not in cpu:
+        cpu[key.strip()] = value.strip()
+record = {
+    "stage": stage,
+    "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
+    "started": started,
+    "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    # this command's training time (0 when the run was already finished), and the run's iterations summed
+    "train_seconds": int(train_s),
+    "iterations": len(iterations),
+    "iteration_seconds_sum": round(sum(r["time/iteration_s"] for r in iterations)),
+    "eval_seconds": int(eval_s),
+    "commands": commands,
+    "machine": {"cpu": cpu.get("model name"), "cpu_family": cpu.get("cpu family"), "cores": len(os.sched_getaffinity(0))},
+}
+Path(path).write_text(json.dumps(record, indent=2) + "\n")
+print(json.dumps(record, indent=2))
+EOF
