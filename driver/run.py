@@ -68,7 +68,10 @@ def check_adapter(config: Config) -> None:
         try:
             read_checked_adapter(config.model.adapter, config.model.name)
         except AdapterError as exc:
-            raise ConfigError(f"invalid config: model.adapter={config.model.adapter!r}: {exc}") from None
+            raise ConfigError(
+                f"invalid config: model.adapter={config.model.adapter!r}: {exc}; or set model.adapter=null to train "
+                "the base model without it"
+            ) from None
 
 
 def prepare_run(config_path: str | None, overrides: list[str], resume: str | None) -> tuple[Config, RunDir]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from agentgym_rl.actors.trajectory import Trajectory, sampled_spans
@@ -46,3 +47,8 @@ def make_trajectory(
         truncated=truncated,
         **{**defaults, **fields},
     )
+
+
+# The full-weights recipe (the quickstart before LoRA): the base config of tests that train from scratch with
+# tiny-random or SmolLM2 and set what they test on top (configs/quickstart.yaml starts from a committed adapter).
+RECIPE = str(Path(__file__).resolve().parents[1] / "configs" / "warm_start_grpo.yaml")

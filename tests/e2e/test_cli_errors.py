@@ -24,7 +24,11 @@ def model_without_chat_template(root: Path) -> Path:
 CASES = {
     "misspelt config key": (["train", "--set", "trainer.iteratons=2"], "trainer.iteratons: unknown key"),
     "resume of no run": (["train", "--resume", "{tmp}/nowhere"], "no config.yaml there"),
-    "bad chat template": (["train", "--set", "model.name={template}", "--set", "run.dir={tmp}"], "chat template"),
+    "bad chat template": (
+        ["train", "--set", "model.name={template}", "--set", "model.adapter=null", "--set", "run.dir={tmp}"],
+        "chat template",
+    ),
+    "adapter of another base": (["train", "--set", "model.name=tiny-random"], "set model.adapter=null"),
     "unknown env": (["eval", "--model", "tiny-random", "--env", "nonesuch"], "nonesuch"),
     "eval options": (["eval", "--model", "tiny-random", "--env", "babyai", "--samples", "0"], "samples"),
     "missing report": (["compare", "{tmp}/a.json", "{tmp}/b.json"], "a.json"),

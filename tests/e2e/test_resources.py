@@ -10,6 +10,7 @@ from tests.e2e.test_train_cli import run_cli
 
 TINY = [
     "model.name=tiny-random",
+    "model.adapter=null",  # the quickstart's adapter is SmolLM2's
     "warm_start.iterations=0",
     "trainer.iterations=1",
     "sampler.sampling.max_new_tokens=8",

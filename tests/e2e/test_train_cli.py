@@ -132,6 +132,7 @@ def test_envs_lists_every_env_cleanly(tmp_path: Path):
 # Tiny settings that leave the algorithm section alone (each algorithm knows other keys).
 SWITCH = [
     "model.name=tiny-random",
+    "model.adapter=null",  # the quickstart's adapter is SmolLM2's
     "warm_start.iterations=0",
     "trainer.iterations=1",
     "sampler.sampling.max_new_tokens=8",

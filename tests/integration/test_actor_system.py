@@ -7,6 +7,7 @@ from agentgym_rl.actors.curriculum import CurriculumActor
 from agentgym_rl.actors.sampler import EpisodeRequest, SamplerActor, start_collect
 from agentgym_rl.configs import load_config
 from agentgym_rl.learner.actor import LearnerActor
+from tests.factories import RECIPE
 
 OVERRIDES = [
     "model.name=tiny-random",
@@ -28,7 +29,7 @@ OVERRIDES = [
 
 @pytest.fixture(scope="module")
 def system(ray_local):
-    config = load_config(None, OVERRIDES)
+    config = load_config(RECIPE, OVERRIDES)
     sampler_cls = ray.remote(SamplerActor).options(num_cpus=config.sampler.num_cpus, max_concurrency=100)
     samplers = [
         sampler_cls.remote(index=i, model=config.model, sampler=config.sampler, env=config.env, seed=0)
@@ -73,7 +74,7 @@ def test_oracle_policy_plays_demonstrations(ray_local):
         "env.options.levels=[GoToRedBall]",
         "env.options.oracle=true",
     ]
-    config = load_config(None, [*OVERRIDES, *overrides])
+    config = load_config(RECIPE, [*OVERRIDES, *overrides])
     sampler = (
         ray.remote(SamplerActor)
         .options(num_cpus=0.1)

@@ -29,6 +29,7 @@ from agentgym_rl.actors.rundir import RunDir
 from agentgym_rl.configs import load_config
 from agentgym_rl.driver.errors import TrainError
 from agentgym_rl.driver.modes.sync import SyncTrainer
+from tests.factories import RECIPE
 
 CLI = Path(sys.executable).parent / "agentgym-rl"
 TINY = [
@@ -221,7 +222,7 @@ def learner_run(tmp_path: Path, name: str, policy: str) -> SyncTrainer:
         f"run.dir={tmp_path}",
         f"run.name={name}",
     ]
-    config = load_config(None, settings)
+    config = load_config(RECIPE, settings)
     run_dir = RunDir(tmp_path / name)
     run_dir.create(config)
     return SyncTrainer(config, run_dir)

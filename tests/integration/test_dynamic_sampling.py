@@ -8,6 +8,7 @@ import pytest
 
 from agentgym_rl.driver.modes.sync import SyncTrainer
 from agentgym_rl.driver.run import prepare_run
+from tests.factories import RECIPE
 
 TASKS, GROUP, EXTRA = 2, 4, 4
 SETTINGS = [
@@ -34,7 +35,9 @@ SETTINGS = [
 
 
 def train(tmp_path: Path, model: str) -> list[dict]:
-    config, run_dir = prepare_run(None, [*SETTINGS, f"model.name={model}", f"run.dir={tmp_path}", "run.name=ds"], None)
+    config, run_dir = prepare_run(
+        RECIPE, [*SETTINGS, f"model.name={model}", f"run.dir={tmp_path}", "run.name=ds"], None
+    )
     trainer = SyncTrainer(config, run_dir)
     try:
         trainer.run()

@@ -6,6 +6,7 @@ from agentgym_rl.actors.rundir import RunDir
 from agentgym_rl.configs import load_config
 from agentgym_rl.driver.errors import TrainError
 from agentgym_rl.driver.modes.sync import SyncTrainer
+from tests.factories import RECIPE
 from tests.integration.test_cluster import TINY, run_and_kill_learner
 
 
@@ -21,7 +22,7 @@ def test_a_learner_dead_before_any_checkpoint_ends_the_run_saying_so(ray_local, 
         f"run.dir={tmp_path}",
         "run.name=dead",
     ]
-    config = load_config(None, settings)
+    config = load_config(RECIPE, settings)
     run_dir = RunDir(tmp_path / "dead")
     run_dir.create(config)
     trainer = SyncTrainer(config, run_dir)

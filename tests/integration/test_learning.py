@@ -13,6 +13,7 @@ import pytest
 
 from agentgym_rl.driver.modes.sync import SyncTrainer
 from agentgym_rl.driver.run import prepare_run
+from tests.factories import RECIPE
 
 SETTINGS = [
     "model.name=smollm2-135m-instruct",
@@ -57,7 +58,7 @@ ALGORITHMS = {
 def test_each_algorithm_raises_the_reward_of_the_target_word_game(algorithm, tmp_path: Path, ray_local):
     overrides = [item.replace("ITERATIONS", str(ITERATIONS)) for item in SETTINGS]
     overrides += [f"algorithm.name={algorithm}", *ALGORITHMS[algorithm], f"run.dir={tmp_path}", "run.name=learn"]
-    config, run_dir = prepare_run(None, overrides, None)
+    config, run_dir = prepare_run(RECIPE, overrides, None)
     trainer = SyncTrainer(config, run_dir)
     try:
         trainer.run()

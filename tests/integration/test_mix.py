@@ -13,6 +13,7 @@ from agentgym_rl.driver.run import prepare_run
 from agentgym_rl.driver.tasks import TaskSchedule
 from agentgym_rl.driver.warm_start import WARM_START_DIR, run_warm_start
 from agentgym_rl.envs import make
+from tests.factories import RECIPE
 
 BABYAI_OPTIONS = {"levels": ["GoToRedBall", "GoToRedBallNoDists"], "test_seeds": 5}
 MIX = (
@@ -45,7 +46,7 @@ TASKS = {"babyai": 2, "textcraft": 1}  # 3 tasks shared 2 : 1
 
 
 def train(overrides: list[str], resume: str | None = None) -> Path:
-    config, run_dir = prepare_run(None, overrides, resume)
+    config, run_dir = prepare_run(RECIPE, overrides, resume)
     trainer = SyncTrainer(config, run_dir, resume=resume is not None)
     try:
         trainer.run()
@@ -124,7 +125,7 @@ def test_a_mix_trains_each_env_at_its_own_horizon_and_resumes_on_them(ray_local,
 @pytest.mark.slow
 def test_an_async_mix_records_each_env_at_its_own_horizon(ray_local, tmp_path: Path):
     overrides = [*SETTINGS, f"run.dir={tmp_path}", "run.name=async", "trainer.mode=async", "trainer.iterations=3"]
-    config, run_dir = prepare_run(None, overrides, None)
+    config, run_dir = prepare_run(RECIPE, overrides, None)
     trainer = AsyncTrainer(config, run_dir)
     try:
         trainer.run()
@@ -149,7 +150,7 @@ def test_a_mix_warm_starts_on_the_oracle_of_each_env(ray_local, tmp_path: Path):
     mix = MIX.replace("test_seeds: 5}", "test_seeds: 5}, warm_start_options: {oracle: true}")
     warm = ["warm_start.iterations=1", "warm_start.env_options={}", "warm_start.tasks_per_iteration=3"]
     overrides = [*SETTINGS, mix, *warm, "warm_start.horizon=12", f"run.dir={tmp_path}", "run.name=warm"]
-    config, run_dir = prepare_run(None, overrides, None)
+    config, run_dir = prepare_run(RECIPE, overrides, None)
     policy = run_warm_start(config, run_dir)
     assert (policy / "config.json").is_file()
 
