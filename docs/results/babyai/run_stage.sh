@@ -2,6 +2,7 @@
 # One stage of the BabyAI experiment (README "Learning results"), run from the repository root:
 #
 #   docs/results/babyai/run_stage.sh STAGE [RUNS_DIR]
+#   STAGE_SECONDS=5400 docs/results/babyai/run_stage.sh STAGE   # a part: stop training after that long
 #
 # STAGE is `base` (the base model, evaluated only) or the name of a config in configs/babyai/ (`sft`,
 # `grpo_stepwise`, `grpo_fixed_short`, `grpo_fixed_long`, `gigpo_stepwise`). A training stage trains its
@@ -11,6 +12,11 @@
 # `agentgym-rl plot`), eval.json and stage.json (commit, commands, wall times, machine). Every row is evaluated the same way: its committed adapter (or the base model) on the
 # 200 held-out tasks, one episode each at temperature 1, at most 10 turns, with the RL stages' sampler
 # settings (configs/babyai/grpo_stepwise.yaml), the same tasks and sampling seeds for every row.
+#
+# A stage too long for one sitting runs in parts: with STAGE_SECONDS set, training is stopped by SIGTERM
+# after that many seconds if it has not finished, and the run as the next part needs it (config.yaml,
+# metrics.jsonl and its latest checkpoint: adapter, optimizer state, trainer state) is copied to
+# docs/results/babyai/STAGE/part/ to be committed; the next call restores the run from there and resumes it.
 set -euo pipefail
 stage=${1:?usage: run_stage.sh STAGE [RUNS_DIR]}
 runs=${2:-runs/babyai}
@@ -33,6 +39,12 @@ else
   [[ -f $config ]] || { echo "run_stage.sh: no $config; stages: base, $(ls configs/babyai | sed 's/.yaml//' | xargs)" >&2; exit 2; }
   name=$("$python" -c "import sys; from agentgym_rl.configs import load_config; print(load_config(sys.argv[1]).run.name)" "$config")
   run=$runs/$name
+  part=$out/part
+  if [[ ! -f $run/config.yaml && -d $part ]]; then  # a part committed by an earlier sitting
+    mkdir -p "$run/checkpoints"
+    cp "$part/config.yaml" "$part/metrics.jsonl" "$run/"
+    cp -r "$part/checkpoint" "$run/checkpoints/$(cat "$part/checkpoint_name")"
+  fi
   if [[ -f $run/config.yaml ]]; then
     train_cmd=("$cli" train --resume "$run")
   else
@@ -40,9 +52,31 @@ else
   fi
   commands+=("${train_cmd[*]}")
   t0=$(date +%s)
-  "${train_cmd[@]}"
+  status=0
+  if [[ -n ${STAGE_SECONDS:-} ]]; then
+    timeout --signal=TERM --kill-after=120 "$STAGE_SECONDS" "${train_cmd[@]}" || status=$?
+  else
+    "${train_cmd[@]}" || status=$?
+  fi
   train_s=$(( $(date +%s) - t0 ))
   latest=$(ls -d "$run"/checkpoints/iter_* | sort | tail -1)
+  if [[ $status -ne 0 ]]; then
+    [[ $status -eq 124 || $status -eq 143 ]] || exit "$status"
+    if [[ -f $part/train_seconds ]]; then  # the earlier parts' training time counts too
+    train_s=$(( train_s + $(awk '{s += $1} END {print s + 0}' "$part/train_seconds") ))
+  fi
+  rm -rf "$part" && mkdir -p "$part"
+    cp "$run/config.yaml" "$run/metrics.jsonl" "$part/"
+    cp -r "$latest" "$part/checkpoint"
+    basename "$latest" > "$part/checkpoint_name"
+    echo "$train_s" >> "$part/train_seconds"
+    echo "run_stage.sh: training stopped after ${train_s} s at $(basename "$latest"); commit $part and run again to resume"
+    exit 0
+  fi
+  if [[ -f $part/train_seconds ]]; then  # the earlier parts' training time counts too
+    train_s=$(( train_s + $(awk '{s += $1} END {print s + 0}' "$part/train_seconds") ))
+  fi
+  rm -rf "$part"
   rm -rf "$out/adapter" && mkdir -p "$out/adapter"
   cp "$latest/policy/adapter_config.json" "$latest/policy/base_model.json" "$out/adapter/"
   "$python" - "$latest/policy/adapter_model.safetensors" "$out/adapter/adapter_model.safetensors" <<'EOF'
