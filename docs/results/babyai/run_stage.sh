@@ -59,22 +59,28 @@ else
     "${train_cmd[@]}" || status=$?
   fi
   train_s=$(( $(date +%s) - t0 ))
-  latest=$(ls -d "$run"/checkpoints/iter_* | sort | tail -1)
+  latest=$(find "$run/checkpoints" -maxdepth 1 -name 'iter_*' | sort | tail -1)
+  if [[ -z $latest ]]; then
+    echo "run_stage.sh: training ended (status $status) before its first checkpoint; nothing to keep" >&2
+    exit 1
+  fi
   if [[ $status -ne 0 ]]; then
     [[ $status -eq 124 || $status -eq 143 ]] || exit "$status"
-    if [[ -f $part/train_seconds ]]; then  # the earlier parts' training time counts too
-    train_s=$(( train_s + $(awk '{s += $1} END {print s + 0}' "$part/train_seconds") ))
-  fi
-  rm -rf "$part" && mkdir -p "$part"
+    # keep the earlier parts' commands and training times, replace their checkpoint by this part's
+    mkdir -p "$part"
+    rm -rf "$part/checkpoint"
+    echo "${train_cmd[*]}" >> "$part/commands"
+    echo "$train_s" >> "$part/train_seconds"
     cp "$run/config.yaml" "$run/metrics.jsonl" "$part/"
     cp -r "$latest" "$part/checkpoint"
     basename "$latest" > "$part/checkpoint_name"
-    echo "$train_s" >> "$part/train_seconds"
     echo "run_stage.sh: training stopped after ${train_s} s at $(basename "$latest"); commit $part and run again to resume"
     exit 0
   fi
-  if [[ -f $part/train_seconds ]]; then  # the earlier parts' training time counts too
+  if [[ -f $part/train_seconds ]]; then  # the earlier parts' commands and training time count too
     train_s=$(( train_s + $(awk '{s += $1} END {print s + 0}' "$part/train_seconds") ))
+    mapfile -t earlier_commands < "$part/commands"
+    commands=("${earlier_commands[@]}" "${commands[@]}")
   fi
   rm -rf "$part"
   rm -rf "$out/adapter" && mkdir -p "$out/adapter"
