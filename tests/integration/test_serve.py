@@ -657,3 +657,46 @@ def test_the_vllm_engine_behind_the_endpoint_streams_reproduces_seeds_and_swaps_
         assert after.weights_version == 17 and policy_info(url)["weights_version"] == 17
     finally:
         delete_app("vllm")
+
+
+def test_a_lora_checkpoint_serves_its_adapter_and_hot_swaps_adapter_versions(server, tmp_path_factory):
+    """An app started from a LoRA checkpoint serves base + adapter, and each adapter-only version it is sent
+    answers what the learner's merged weights answer (greedy, the engine's own reference)."""
+    from tests.unit.learner.helpers import batch_of
+    from tests.unit.learner.test_learner import make_learner
+
+    learner = make_learner(
+        "sft", "learner.lora.enabled=true", "learner.lora.target_modules=all-linear", "learner.lr=2e-2"
+    )
+    learner.update_batch(batch_of(seed=1))
+    folder = tmp_path_factory.mktemp("lora") / "iter_000001"
+    learner.save_checkpoint(str(folder))
+    config = ServeConfig(api_key=API_KEY, max_tokens=MAX_TOKENS)
+    args = ServeArgs(checkpoint=str(folder), app_name="lora", dtype="float32", serve=config)
+    url = side_app("lora", args, server)
+    chat = ChatFormat(load_tokenizer("tiny-random"))
+    reference = make_engine(
+        "transformers", model_name="tiny-random", dtype="float32", seed=0, stop_token_ids=[chat.tokenizer.eos_token_id],
+        pad_token_id=chat.tokenizer.pad_token_id,
+    )  # fmt: skip
+    client = openai.OpenAI(base_url=url + "/v1", api_key=API_KEY, max_retries=0)
+    request = {**spec(0), "model": "iter_000001", "temperature": 0.0, "stream": False, "max_tokens": 16}
+    request.pop("stream_options")
+    texts = []
+    try:
+        for version in (None, 7, 8):
+            if version is not None:
+                learner.update_batch(batch_of(seed=version))
+                payload = learner.weights_payload()
+                payload = type(payload)(version, payload.arrays, payload.dtypes, payload.lora_scale)
+                handle = ray_serve.get_deployment_handle("PolicyModel", app_name="lora")
+                assert handle.update_weights.remote([ray.put(payload)], version).result() == version
+            reference.load_weights(pack_state_dict(learner.policy_state_dict(), version or 0, dtype="float32"))
+            text, tokens, _ = expected(reference, chat, request)
+            reply = client.chat.completions.create(**request)
+            assert reply.choices[0].message.content == text and reply.usage.completion_tokens == tokens, version
+            assert policy_info(url)["weights_version"] == (version or 0)
+            texts.append(text)
+    finally:
+        delete_app("lora")
+    assert len(set(texts)) > 1  # the versions answer differently: the adapters reached the replica
