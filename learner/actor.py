@@ -377,10 +377,10 @@ class LearnerActor:
 
     def weights_payload(self) -> WeightsPayload:
         """The current weights as samplers load them: the float32 master in the samplers' dtype, versioned. A
-        LoRA policy publishes its adapter alone (float32: samplers merge it into their base weights)."""
+        LoRA policy publishes its adapter alone (samplers merge it into the base weights they hold)."""
         if is_lora(self.policy):
             return pack_state_dict(
-                adapter_state_dict(self.policy), self.version, dtype="float32", lora_scale=self.lora_scale
+                adapter_state_dict(self.policy), self.version, dtype=self.publish_dtype, lora_scale=self.lora_scale
             )
         return pack_state_dict(self.policy_state_dict(), self.version, dtype=self.publish_dtype)
 

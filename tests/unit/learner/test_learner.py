@@ -183,6 +183,10 @@ def test_lora_trains_adapters_and_publishes_only_the_adapter(tmp_path):
     payload = learner.weights_payload()
     assert payload.lora_scale == 2.0
     assert payload.arrays and all(".lora_A." in k or ".lora_B." in k for k in payload.arrays)
+    assert set(payload.dtypes.values()) == {"float32"}
+    # adapters travel in the samplers' dtype, as full weights do
+    bf16 = make_learner("grpo", *LORA, sampler_dtype="bfloat16").weights_payload()
+    assert set(bf16.dtypes.values()) == {"bfloat16"} and bf16.num_bytes * 2 == payload.num_bytes
     # the checkpoint's policy/ is an adapter directory naming its base: no full weights are written
     learner.save_checkpoint(str(tmp_path / "ckpt"))
     policy = tmp_path / "ckpt" / "policy"
