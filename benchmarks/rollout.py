@@ -66,11 +66,13 @@ from agentgym_rl.envs import make
 from agentgym_rl.envs.actor import create_env_actor
 
 LEVELS = "env.options.levels=[GoToObjS6]"
+# The full-weights recipe these rows were measured with (configs/quickstart.yaml starts from a LoRA adapter).
+RECIPE = str(REPO / "configs" / "warm_start_grpo.yaml")
 
 
 def sampler_config(model: str, episodes: int, max_new_tokens: int, threads: int) -> Config:
     return load_config(
-        None,
+        RECIPE,
         [
             f"model.name={model}",
             LEVELS,
@@ -186,7 +188,7 @@ def train_run(mode: str, model: str, iterations: int, root: Path) -> list[dict]:
         f"model.name={model}",
         LEVELS,
         f"trainer.mode={mode}",
-        "warm_start.iterations=0",  # the quickstart preset's SFT warm start is no part of this row
+        "warm_start.iterations=0",  # the recipe's SFT warm start is no part of this row
         f"trainer.iterations={iterations}",
         "trainer.tasks_per_iteration=2",
         f"trainer.checkpoint_every={iterations + 1}",
@@ -206,7 +208,14 @@ def train_run(mode: str, model: str, iterations: int, root: Path) -> list[dict]:
         f"run.name={mode}",
     ]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    command = [sys.executable, "-m", "agentgym_rl.driver.cli", "train", *[a for s in sets for a in ("--set", s)]]
+    command = [
+        sys.executable,
+        "-m",
+        "agentgym_rl.driver.cli",
+        "train",
+        RECIPE,
+        *[a for s in sets for a in ("--set", s)],
+    ]
     subprocess.run(command, cwd=REPO, env=env, check=True, capture_output=True, text=True)
     return [json.loads(line) for line in (root / mode / "metrics.jsonl").read_text().splitlines()]
 

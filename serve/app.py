@@ -76,8 +76,8 @@ class ServeArgs(BaseModel):
         if is_policy_dir(folder):
             return str(folder)
         raise ValueError(
-            f"checkpoint {self.checkpoint!r} holds no {POLICY_DIR}/ model or adapter and is no model or adapter "
-            "directory itself"
+            f"checkpoint {self.checkpoint!r}: neither {POLICY_DIR}/ nor the directory itself holds a model "
+            "(config.json) or a LoRA adapter (adapter_config.json)"
         )
 
     @property

@@ -19,6 +19,10 @@ REPO = Path(__file__).resolve().parents[2]
 CLI = Path(sys.executable).parent / "agentgym-rl"
 SETTINGS = [
     "model.name=tiny-random",
+    # float32 throughout: where `auto` picks bfloat16 (a CPU the probe finds fast at it), two fresh runs' log-probs
+    # differ by about 1e-4 (bfloat16 CPU kernels are not batch-invariant), and these tests compare runs exactly
+    "sampler.dtype=float32",
+    "learner.precision=float32",
     "algorithm.entropy_coef=0.01",
     # tiny-random never succeeds: every group is uniform, which GRPO would otherwise skip
     "algorithm.skip_uniform_groups=false",

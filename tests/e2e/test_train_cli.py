@@ -19,6 +19,12 @@ CLI = Path(sys.executable).parent / "agentgym-rl"
 TINY = [
     "--set",
     "model.name=tiny-random",
+    # float32 throughout: where `auto` picks bfloat16 (a CPU the probe finds fast at it), two fresh runs' log-probs
+    # differ by about 1e-4 (bfloat16 CPU kernels are not batch-invariant), and these tests compare runs exactly
+    "--set",
+    "sampler.dtype=float32",
+    "--set",
+    "learner.precision=float32",
     # an entropy bonus and a large step make the weights move although tiny-random never succeeds
     "--set",
     "algorithm.entropy_coef=0.01",

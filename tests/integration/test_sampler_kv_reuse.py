@@ -11,13 +11,14 @@ from agentgym_rl.actors.models import load_tokenizer
 from agentgym_rl.actors.sampler import EpisodeRequest, SamplerActor, start_collect
 from agentgym_rl.configs import load_config
 from agentgym_rl.envs import make
+from tests.factories import RECIPE
 
 STOP = "e"  # frequent in the random model's text, so most turns end on it
 
 
 def start_sampler(kv_cache_tokens: int):
     config = load_config(
-        None,
+        RECIPE,
         [
             "model.name=tiny-random",
             "env.options.levels=[GoToObjS6]",

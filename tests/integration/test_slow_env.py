@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentgym_rl.actors.sampler import EpisodeRequest, SamplerActor, start_collect
 from agentgym_rl.configs import load_config
 from agentgym_rl.envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv
+from tests.factories import RECIPE
 
 # Env actors run in their own processes (cwd: the repository); they import this module by this name.
 ENV_NAME = "tests.integration.test_slow_env:CountdownEnv"
@@ -70,7 +71,7 @@ class CountdownEnv(TextEnv):
 
 def start_sampler(envs: int, options: dict, env_timeout_s: float = 60.0):
     config = load_config(
-        None,
+        RECIPE,
         [
             "model.name=tiny-random",
             f"env.name={ENV_NAME}",
