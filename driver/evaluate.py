@@ -305,6 +305,8 @@ def run_eval(options: EvalOptions) -> tuple[dict, Path]:
         source_name = Path(options.model).name
     max_turns = eval_turn_limit(options.env, options.max_turns)
     config = build_config(options, policy_name, run_dir)
+    if config.sampler.policy == "oracle":  # `--set sampler.policy=oracle`: the env's expert plays, not the model
+        policy_name = source_name = "oracle"
     model_dir(config.model.name)  # build a built-in model once here, before samplers race to do it
     env = make(config.env.name, config.env.options)
     try:
