@@ -66,7 +66,7 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "<root>"
         if err["type"] == "extra_forbidden":
-            lines.append(f"  {where}: unknown key (check the spelling; see README 'Configuration')")
+            lines.append(f"  {where}: unknown key (check the spelling; see docs/reference/configuration.md)")
         else:
             lines.append(f"  {where}: {err['msg']} (got {err.get('input')!r})")
     return "\n".join(lines)

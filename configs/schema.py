@@ -172,7 +172,7 @@ class SamplerConfig(Section):
 
 class AlgorithmConfig(Section):
     """``name`` and ``group_size`` here; every other key is a hyperparameter of the chosen algorithm,
-    validated against that algorithm's own Config when the run starts (see README "Algorithms")."""
+    validated against that algorithm's own Config when the run starts (see docs/concepts/algorithms.md)."""
 
     model_config = ConfigDict(extra="allow", validate_assignment=True)
 
@@ -524,8 +524,8 @@ class ServeConfig(Section):
         None,
         ge=1,
         description="Torch threads of each model replica; None: the node's cores minus one (the one left to "
-        "Serve's HTTP proxy and the replica's request handling), between 1 and 4 (measured in README, Serving "
-        "the policy).",
+        "Serve's HTTP proxy and the replica's request handling), between 1 and 4 (measured in "
+        "docs/results/performance.md).",
     )
     max_tokens: int = Field(256, ge=1, description="Cap on generated tokens per request (larger requests get 400).")
     max_prompt_tokens: int = Field(2048, ge=1, description="Longest accepted prompt, in tokens (longer: 400).")

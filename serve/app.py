@@ -29,7 +29,7 @@ MODEL_DEPLOYMENT = "PolicyModel"
 # Longest wait for the first model replica to load and catch up (a large model on a loaded CPU is slow).
 READY_TIMEOUT_S = 900.0
 # Serve's per-request access log line in the proxy and in both replicas: 5-12 % of the served
-# tokens/s at 32 clients on 2 cores (README "Serving the policy"). Warnings and errors are still logged.
+# tokens/s at 32 clients on 2 cores (docs/results/performance.md). Warnings and errors are still logged.
 SERVE_LOGGING = {"enable_access_log": False}
 
 log = structlog.get_logger()
