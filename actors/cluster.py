@@ -32,7 +32,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from agentgym_rl.configs import Config
 from agentgym_rl.configs.errors import AgentGymError
-from agentgym_rl.configs.schema import EnvConfig, SamplerConfig
+from agentgym_rl.configs.schema import EnvConfig, LearnerConfig, SamplerConfig
 from agentgym_rl.envs.actor import EnvHost
 
 # Ray counts resources in units of 1e-4; a smaller slack absorbs float round-off only.
@@ -157,16 +157,22 @@ def deadline(seconds: float, what: str, exit_code: int) -> Iterator[None]:
         timer.cancel()
 
 
-def sampler_gpus(config: SamplerConfig) -> float:
-    """GPUs per sampler: ``sampler.num_gpus``, or with None one GPU when the cluster has any."""
-    if config.num_gpus is not None:
-        return config.num_gpus
-    return 1.0 if ray.cluster_resources().get("GPU", 0.0) > 0 else 0.0
+def actor_gpus(num_gpus: float | None) -> float:
+    """GPUs one actor reserves under a ``num_gpus`` setting (``sampler``, ``learner``, ``serve``): the setting,
+    or with None one GPU when the cluster has any, else none."""
+    if num_gpus is not None:
+        return num_gpus
+    return 1.0 if ray.is_initialized() and ray.cluster_resources().get("GPU", 0.0) > 0 else 0.0
 
 
 def sampler_request(config: SamplerConfig) -> dict[str, float]:
     """The resources one sampler actor reserves."""
-    return clean_request({"CPU": config.num_cpus, "GPU": sampler_gpus(config), **config.resources})
+    return clean_request({"CPU": config.num_cpus, "GPU": actor_gpus(config.num_gpus), **config.resources})
+
+
+def learner_request(config: LearnerConfig) -> dict[str, float]:
+    """The resources one learner actor reserves."""
+    return clean_request({"CPU": config.num_cpus, "GPU": actor_gpus(config.num_gpus), **config.resources})
 
 
 def env_request(config: SamplerConfig) -> dict[str, float]:
@@ -325,7 +331,7 @@ def _shortfall(nodes: list[dict[str, float]], fixed: list[ActorNeed], pools: lis
     return (
         f"the cluster cannot hold the actors this run needs at the least: {'; '.join(needs)}. In all "
         f"{_fmt(total)}, and the cluster's {len(nodes)} node(s) have {have or 'nothing'} ({culprit} did not fit). "
-        "Add nodes or raise ray.num_cpus (local Ray), or lower those counts and num_cpus settings"
+        "Add nodes or raise ray.num_cpus (local Ray), or lower those counts and their num_cpus and num_gpus settings"
     )
 
 

@@ -9,6 +9,7 @@ import ray
 import structlog
 
 from agentgym_rl.configs.schema import CurriculumConfig
+from agentgym_rl.envs.actor import hide_unreserved_gpus
 
 log = structlog.get_logger()
 
@@ -68,6 +69,7 @@ class CurriculumActor:
     """
 
     def __init__(self, config: CurriculumConfig) -> None:
+        hide_unreserved_gpus()
         self.config = config
         self.samplers: list[ray.actor.ActorHandle] = []
         self.changes: list[dict] = []

@@ -27,11 +27,11 @@ import ray
 import structlog
 
 from agentgym_rl.actors.cluster import (
+    actor_gpus,
     env_request,
     fit_count,
     free_resources_per_node,
     on_this_node,
-    sampler_gpus,
     sampler_request,
     sampler_room,
 )
@@ -147,7 +147,7 @@ class SamplerPool:
         cfg = self.config
         sampler_cls = ray.remote(SamplerActor).options(
             num_cpus=cfg.sampler.num_cpus,
-            num_gpus=sampler_gpus(cfg.sampler),
+            num_gpus=actor_gpus(cfg.sampler.num_gpus),
             resources=cfg.sampler.resources or None,
             max_concurrency=1000,
         )

@@ -30,7 +30,7 @@ from agentgym_rl.actors.rollout import run_episode
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.actors.weights import WeightsPayload
 from agentgym_rl.configs.schema import EnvConfig, ModelConfig, SamplerConfig
-from agentgym_rl.envs.actor import EnvRestarted
+from agentgym_rl.envs.actor import EnvRestarted, hide_unreserved_gpus
 
 log = structlog.get_logger()
 
@@ -76,6 +76,7 @@ class SamplerActor:
         seed: int,
         env_actors: int | None = None,
     ) -> None:
+        hide_unreserved_gpus()
         torch.set_num_threads(sampler.num_threads or os.cpu_count() or 1)
         self.index = index
         self.config = sampler

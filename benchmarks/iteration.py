@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 REPO = Path(__file__).resolve().parents[1]
 # Run as a script, this file's folder leads sys.path and its envs.py / learner.py would shadow the packages.
 _HERE = str(Path(__file__).resolve().parent)
@@ -137,9 +139,10 @@ def main() -> None:
             raise RuntimeError(f"iteration {iteration}: the runs played other tasks: {old} against {new}")
     counted = slice(1, None) if iterations > 2 else slice(None)
 
+    precision = resolve_precision("auto", torch.device("cpu"))
     print(
         f"model {args.model}, horizon {args.horizon}, {iterations} GRPO iterations per run; "
-        f"here sampler.dtype auto = {resolve_dtype('auto')}, learner.precision auto = {resolve_precision('auto')}"
+        f"here sampler.dtype auto = {resolve_dtype('auto')}, learner.precision auto = {precision}"
     )
     header = f"{'run':<18} {'iter':>4} {'seconds':>8} {'rollout':>8} {'update':>8} {'sync':>6} {'success':>8}"
     print(header + f" {'informative':>11} {'skipped':>7} {'trained':>7}")

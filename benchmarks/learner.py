@@ -178,7 +178,7 @@ def main() -> None:
     half_uniform = uniform_half(batch)
     warm = [synthetic_trajectory(160, 0, float(i), generator) for i in range(2)]
     tokens = sum(lengths)
-    auto = resolve_precision("auto")
+    auto = resolve_precision("auto", torch.device("cpu"))
     other = "float32" if auto == "bf16-mixed" else "bf16-mixed"
 
     # The new-defaults learner also times the half-uniform batch (its skip_uniform_groups is true).

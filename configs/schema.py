@@ -225,6 +225,18 @@ class LearnerConfig(Section):
     )
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters.")
     num_cpus: float = Field(1.0, gt=0.0, description="CPUs reserved by each learner actor.")
+    num_gpus: float | None = Field(
+        None,
+        ge=0.0,
+        description="GPUs reserved by each learner actor; None: one when the cluster has GPUs, else none. A "
+        "learner that reserves none sees no GPU (its CUDA_VISIBLE_DEVICES is empty).",
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description="Where the learner computes: the policy, reference model, critic, optimizer state and every "
+        "micro-batch live there. `auto`: `cuda` when the learner reserved a GPU (it sees only that one), else "
+        "`cpu`.",
+    )
     resources: dict[str, float] = Field(
         default_factory=dict,
         description="Custom Ray resources each learner actor reserves, to place learners on chosen nodes "
@@ -250,6 +262,11 @@ class LearnerConfig(Section):
     def _backend_fits(self) -> LearnerConfig:
         if self.backend == "torch" and self.count != 1:
             raise ValueError("learner.count > 1 needs learner.backend='deepspeed'")
+        if self.device == "cuda" and self.num_gpus == 0:
+            raise ValueError(
+                "learner.device='cuda' needs a GPU, but learner.num_gpus=0 reserves none: set learner.num_gpus "
+                "(or leave it unset on a cluster with GPUs), or learner.device='auto'"
+            )
         return self
 
 

@@ -6,16 +6,19 @@ import socket
 
 import ray
 
+from agentgym_rl.actors.cluster import actor_gpus
 from agentgym_rl.configs import Config
 from agentgym_rl.learner.actor import LearnerActor
 
 
 def start_learners(config: Config, total_updates: int) -> list[ray.actor.ActorHandle]:
-    """``learner.count`` learner actors with ``learner.num_cpus`` and ``learner.resources`` each; rank 0 publishes
-    weights, every rank trains, saves and restores (collectives under DeepSpeed)."""
+    """``learner.count`` learner actors with ``learner.num_cpus``, ``learner.num_gpus`` and ``learner.resources``
+    each; rank 0 publishes weights, every rank trains, saves and restores (collectives under DeepSpeed)."""
     cfg = config
     learner_cls = ray.remote(LearnerActor).options(
-        num_cpus=cfg.learner.num_cpus, resources=cfg.learner.resources or None
+        num_cpus=cfg.learner.num_cpus,
+        num_gpus=actor_gpus(cfg.learner.num_gpus),
+        resources=cfg.learner.resources or None,
     )
     master_port = free_port() if cfg.learner.backend == "deepspeed" else 0
     return [

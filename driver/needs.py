@@ -7,6 +7,7 @@ from agentgym_rl.actors.cluster import (
     PoolNeed,
     clean_request,
     env_request,
+    learner_request,
     node_capacities,
     plan_actors,
     sampler_request,
@@ -23,8 +24,8 @@ def run_needs(config: Config) -> tuple[list[ActorNeed], list[PoolNeed]]:
     cfg = config
     fixed = [
         ActorNeed(
-            "learner(s) (learner.count, learner.num_cpus, learner.resources)",
-            clean_request({"CPU": cfg.learner.num_cpus, **cfg.learner.resources}),
+            "learner(s) (learner.count, learner.num_cpus, learner.num_gpus, learner.resources)",
+            learner_request(cfg.learner),
             cfg.learner.count,
         )
     ]

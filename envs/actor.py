@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -9,6 +10,21 @@ import ray
 
 from agentgym_rl.envs.base import EnvError, Observation, StepResult, state_digest
 from agentgym_rl.envs.registry import make
+
+
+def hide_unreserved_gpus() -> None:
+    """In a Ray actor that reserved no GPU, make every GPU invisible (``CUDA_VISIBLE_DEVICES=""``).
+
+    Ray sets ``CUDA_VISIBLE_DEVICES`` to the reserved GPUs for an actor that reserves some and, in the
+    versions this project runs on, leaves it unset for one that reserves none, which would then see every
+    GPU of its node. Each actor calls this first in ``__init__``, before anything initialises CUDA. Outside
+    a Ray actor (a test, a script using a class directly) it does nothing.
+    """
+    if not ray.is_initialized():
+        return
+    context = ray.get_runtime_context()
+    if context.get_actor_id() is not None and not ray.get_gpu_ids():
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
 class EnvRestarted(EnvError):
@@ -20,6 +36,7 @@ class EnvHost:
     """Holds one ``TextEnv``; every method is a thin pass-through so the env stays the single source of truth."""
 
     def __init__(self, name: str, options: dict[str, Any] | None = None) -> None:
+        hide_unreserved_gpus()
         self.env = make(name, options)
         # Ray runs __init__ again in a fresh process after a crash (max_restarts), so an actor that is
         # stepped without a reset of its own has lost its episode: callers retry that on a fresh one.

@@ -15,7 +15,9 @@ from agentgym_rl.actors.lora import load_policy, read_checked_adapter, write_bas
 from agentgym_rl.actors.models import load_model, load_tokenizer, resolve_dtype
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.actors.weights import WeightsPayload, pack_state_dict
+from agentgym_rl.configs.errors import AgentGymError
 from agentgym_rl.configs.schema import AlgorithmConfig, LearnerConfig, ModelConfig
+from agentgym_rl.envs.actor import hide_unreserved_gpus
 from agentgym_rl.learner.algorithms import build_algorithm
 from agentgym_rl.learner.algorithms.base import (
     ADVANTAGES,
@@ -48,8 +50,29 @@ POLICY_DIR = "policy"
 LEARNER_STATE = "learner.pt"
 
 
+class LearnerDeviceError(AgentGymError, RuntimeError):
+    """``learner.device`` names a device this learner cannot use."""
+
+
+def learner_device(setting: str) -> torch.device:
+    """The device of ``learner.device``: ``auto`` is the GPU this process sees (a learner sees only the one it
+    reserved), else the CPU."""
+    if setting == "auto":
+        setting = "cuda" if torch.cuda.is_available() else "cpu"
+    if setting == "cuda" and not torch.cuda.is_available():
+        raise LearnerDeviceError(
+            "learner.device='cuda' but this learner sees no CUDA GPU: reserve one with learner.num_gpus, "
+            "or set learner.device='auto'"
+        )
+    return torch.device(setting)
+
+
 class LearnerActor:
     """Run it with ``ray.remote``.
+
+    The learner computes on ``learner.device``: the policy, reference model, critic and optimizer state live
+    there and each micro-batch is moved there for its forward and loss; the batch itself, its advantages and
+    every published or saved tensor stay on (or come back to) the CPU.
 
     Args:
         model: model section (the policy and, when the algorithm needs one, the frozen reference).
@@ -77,15 +100,17 @@ class LearnerActor:
         master_addr: str = "127.0.0.1",
         master_port: int = 0,
     ) -> None:
+        hide_unreserved_gpus()
         torch.set_num_threads(learner.num_threads or os.cpu_count() or 1)
         torch.manual_seed(seed)
+        self.device = learner_device(learner.device)
         return_large_frees_to_the_os()
         self.config = learner
         self.tokenizer = load_tokenizer(model.name)
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.algorithm = build_algorithm(algorithm.name, algorithm.model_extra or {})
         self.model_config = model
-        self.precision = resolve_precision(learner.precision)
+        self.precision = resolve_precision(learner.precision, self.device)
         compute_dtype = "bfloat16" if self.precision == "bf16-mixed" else "float32"
         self.publish_dtype = resolve_dtype(sampler_dtype)
         # The weights of record stay float32; under bf16-mixed a bfloat16 copy (or DeepSpeed's) computes.
@@ -106,14 +131,15 @@ class LearnerActor:
                 saved = read_checked_adapter(model.adapter, model.name)
                 check_adapter_matches(saved, learner.lora, model.adapter)
                 load_adapter_state_dict(self.policy, saved.tensors)
-        self.policy.train()
+        self.policy.to(self.device).train()
         self.reference = None
         if self.algorithm.needs_reference:
-            self.reference = load_policy(model.name, model.adapter, compute_dtype).requires_grad_(False)
+            reference = load_policy(model.name, model.adapter, compute_dtype)
+            self.reference = reference.requires_grad_(False).to(self.device)
         self.critic = None
         groups = [{"params": [p for p in self.policy.parameters() if p.requires_grad], "lr": learner.lr}]
         if self.algorithm.needs_critic:
-            self.critic = ValueModel(load_policy(model.name, model.adapter))
+            self.critic = ValueModel(load_policy(model.name, model.adapter)).to(self.device)
             self.critic.train()
             critic_lr = getattr(self.algorithm.config, "critic_lr", None) or learner.lr
             groups.append({"params": list(self.critic.parameters()), "lr": critic_lr})
@@ -144,6 +170,7 @@ class LearnerActor:
                 master_addr=master_addr,
                 master_port=master_port,
                 bf16=self.precision == "bf16-mixed",
+                nccl=self.device.type == "cuda",
             )
             compute = modules
         else:
@@ -168,6 +195,7 @@ class LearnerActor:
             "trainable_parameters": self.num_trainable,
             "algorithm": type(self.algorithm).__name__,
             "precision": self.precision,
+            "device": str(self.device),
             "old_logprobs": self.old_logprobs_source,
             "reference_model": self.reference is not None,
             "critic": self.critic is not None,
@@ -204,16 +232,18 @@ class LearnerActor:
 
     def _run(self, part: dict[str, torch.Tensor], call) -> dict[str, torch.Tensor]:
         """Apply ``call(input_ids, attention_mask, target_mask, position_ids)`` to ``part``, packed or
-        padded; returns its per-target outputs in ``part``'s padded layout."""
+        padded, on the learner's device; returns its per-target outputs there, in ``part``'s padded layout."""
         mask = part[LOSS_MASK]
+        device = self.device
         if not self.config.packing:
-            return call(part["input_ids"], part["attention_mask"], mask, None)
+            return call(part["input_ids"].to(device), part["attention_mask"].to(device), mask.to(device), None)
         lengths = part["attention_mask"].sum(-1)
         rows = plan_rows(
             lengths.tolist(), int(lengths.max()) if not self.config.pack_tokens else self.config.pack_tokens
         )
         packed = pack(part["input_ids"], lengths, mask, rows, self.pad_token_id)
-        out = call(packed.input_ids, packed.attention_mask, packed.target_mask, packed.position_ids)
+        inputs = (packed.input_ids, packed.attention_mask, packed.target_mask, packed.position_ids)
+        out = call(*(tensor.to(device) for tensor in inputs))
         return {key: unpack_targets(value, packed, mask.shape) for key, value in out.items()}
 
     def _policy_call(self, model: torch.nn.Module, entropy: bool):
@@ -233,7 +263,7 @@ class LearnerActor:
         result = torch.zeros_like(batch[LOSS_MASK])
         for rows in self._micro_batches(batch, torch.arange(result.shape[0])):
             part = select_rows(batch, rows)
-            result[rows, : part[LOSS_MASK].shape[1]] = self._run(part, call)[key]
+            result[rows, : part[LOSS_MASK].shape[1]] = self._run(part, call)[key].to(result.device)
         return result
 
     # ----------------------------------------------------------------------------- update
@@ -349,6 +379,7 @@ class LearnerActor:
         from_forward = self.old_logprobs_source == "forward"
         for k, (part, share) in enumerate(parts):
             forward_out = self._run(part, self._policy_call(self.compute_policy, True))
+            part = {key: value.to(self.device) for key, value in part.items()}
             if from_forward:
                 # One optimizer step per batch: these weights are the ones before the step, so the ratio's
                 # denominator is this forward's own value (ratio 1, gradient of the plain policy gradient).
@@ -419,7 +450,7 @@ class LearnerActor:
     def load_checkpoint(self, path: str) -> int:
         """Restore everything ``save_checkpoint`` wrote; returns the weights version."""
         folder = Path(path)
-        state = torch.load(folder / LEARNER_STATE, weights_only=False)
+        state = torch.load(folder / LEARNER_STATE, weights_only=False, map_location=self.device)
         if is_lora(self.policy):
             # The base stays as loaded (checked against the hash the adapter records); only the adapter is read.
             saved = read_checked_adapter(folder / POLICY_DIR, self.model_config.name)
@@ -433,6 +464,6 @@ class LearnerActor:
         if self.mixed is not None:
             self.mixed.copy_weights()
         self.version = state["version"]
-        torch.set_rng_state(state["torch_rng"])
-        self.shuffle.set_state(state["shuffle_rng"])
+        torch.set_rng_state(state["torch_rng"].cpu())
+        self.shuffle.set_state(state["shuffle_rng"].cpu())
         return self.version

@@ -77,8 +77,8 @@ class TorchBackend:
 
 
 class DeepSpeedBackend(TorchBackend):
-    """``world_size`` learner actors in one process group (gloo on CPU, NCCL on GPU), ZeRO stage 0-2
-    (parameters stay whole on every learner, so each can publish or save them).
+    """``world_size`` learner actors in one process group (gloo on CPUs, NCCL with ``nccl``: learners on GPUs),
+    ZeRO stage 0-2 (parameters stay whole on every learner, so each can publish or save them).
 
     Every learner scores the whole batch (so group statistics and whitening see every episode) and
     back-propagates its ``shard`` of each minibatch; DeepSpeed averages gradients over learners,
@@ -98,6 +98,7 @@ class DeepSpeedBackend(TorchBackend):
         master_addr: str,
         master_port: int,
         bf16: bool = False,
+        nccl: bool = False,
     ) -> None:
         import deepspeed
 
@@ -108,7 +109,7 @@ class DeepSpeedBackend(TorchBackend):
             WORLD_SIZE=str(world_size),
             LOCAL_RANK="0",
         )
-        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+        deepspeed.init_distributed(dist_backend="nccl" if nccl else "gloo")
         self.engine, ds_optimizer, _, ds_scheduler = deepspeed.initialize(
             model=modules,
             optimizer=optimizer,

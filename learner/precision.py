@@ -20,9 +20,12 @@ from agentgym_rl.actors.models import AUTO, bfloat16_is_fast
 Precision = Literal["float32", "bf16-mixed"]
 
 
-def resolve_precision(precision: str) -> Precision:
-    """``auto`` -> ``bf16-mixed`` where bfloat16 is fast on this machine, else ``float32``."""
+def resolve_precision(precision: str, device: torch.device) -> Precision:
+    """``auto`` -> ``bf16-mixed`` where bfloat16 is fast on ``device`` (a CUDA GPU that supports it; a CPU, see
+    ``bfloat16_is_fast``), else ``float32``."""
     if precision == AUTO:
+        if device.type == "cuda":
+            return "bf16-mixed" if torch.cuda.is_bf16_supported() else "float32"
         return "bf16-mixed" if bfloat16_is_fast() else "float32"
     if precision not in ("float32", "bf16-mixed"):
         raise ValueError(f"unknown learner.precision {precision!r}; valid: auto, float32, bf16-mixed")

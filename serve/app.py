@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from agentgym_rl.actors.cluster import actor_gpus
 from agentgym_rl.actors.lora import is_policy_dir, policy_source, read_checked_adapter
 from agentgym_rl.actors.models import model_dir
 from agentgym_rl.actors.rundir import POLICY_DIR
@@ -170,9 +171,7 @@ class ServeError(AgentGymError, RuntimeError):
 
 def replica_gpus(config: ServeConfig) -> float:
     """GPUs per model replica: ``serve.num_gpus``, or with None one GPU when the cluster has any."""
-    if config.num_gpus is not None:
-        return config.num_gpus
-    return 1.0 if ray.is_initialized() and ray.cluster_resources().get("GPU", 0.0) > 0 else 0.0
+    return actor_gpus(config.num_gpus)
 
 
 def check_engine(engine: str) -> None:

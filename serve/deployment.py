@@ -34,6 +34,7 @@ from agentgym_rl.actors.engines import ChoiceDelta, CompletionRequest, ServingEn
 from agentgym_rl.actors.lora import policy_source
 from agentgym_rl.actors.models import load_tokenizer
 from agentgym_rl.actors.weights import WeightsPayload
+from agentgym_rl.envs.actor import hide_unreserved_gpus
 
 log = structlog.get_logger()
 
@@ -169,6 +170,7 @@ class PolicyModel:
         torch_threads: int | None,
         app_name: str,
     ) -> None:
+        hide_unreserved_gpus()
         torch.set_num_threads(torch_threads or default_torch_threads(os.cpu_count() or 1))
         self.source = source
         self.engine_name = engine

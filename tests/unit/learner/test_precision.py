@@ -108,4 +108,4 @@ def test_packing_keeps_bfloat16_bits():
 
 @pytest.mark.parametrize("value", ["float32", "bf16-mixed"])
 def test_explicit_precision_is_kept(value):
-    assert resolve_precision(value) == value
+    assert resolve_precision(value, torch.device("cpu")) == value
