@@ -1,47 +1,103 @@
-"""Starting the learner actors of a run: one, or a DeepSpeed group, placed by their resources."""
+"""Starting the learner actors of a run: one, or a DeepSpeed group, in one placement group.
+
+Each learner gets a bundle of ``learner.num_cpus`` CPUs, ``learner.num_gpus`` GPUs and ``learner.resources``;
+the bundles are packed onto as few nodes as fit and spread over more when they do not. The process group
+meets at rank 0's node: a task in rank 0's bundle reports that node's address and a port free there, and
+every rank joins it. Each learner sees only the GPU it reserved (Ray sets ``CUDA_VISIBLE_DEVICES`` per
+actor), so its local device is always its first visible one.
+"""
 
 from __future__ import annotations
 
 import socket
+from dataclasses import dataclass
 
 import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from agentgym_rl.actors.cluster import actor_gpus
+from agentgym_rl.actors.cluster import ClusterError, learner_request
 from agentgym_rl.configs import Config
 from agentgym_rl.learner.actor import LearnerActor
 
+# How long the learners' bundles may wait for room (the pre-start check already saw that they fit).
+PLACEMENT_TIMEOUT_S = 300.0
 
-def start_learners(config: Config, total_updates: int) -> list[ray.actor.ActorHandle]:
-    """``learner.count`` learner actors with ``learner.num_cpus``, ``learner.num_gpus`` and ``learner.resources``
-    each; rank 0 publishes weights, every rank trains, saves and restores (collectives under DeepSpeed)."""
-    cfg = config
-    learner_cls = ray.remote(LearnerActor).options(
-        num_cpus=cfg.learner.num_cpus,
-        num_gpus=actor_gpus(cfg.learner.num_gpus),
-        resources=cfg.learner.resources or None,
-    )
-    master_port = free_port() if cfg.learner.backend == "deepspeed" else 0
-    return [
-        learner_cls.remote(
-            model=cfg.model,
-            learner=cfg.learner,
-            algorithm=cfg.algorithm,
-            seed=cfg.run.seed,
-            sampler_dtype=cfg.sampler.dtype,
+
+@dataclass
+class LearnerGroup:
+    """The learner actors of a run (rank order) and the placement group that holds their resources."""
+
+    actors: list[ray.actor.ActorHandle]
+    placement: PlacementGroup
+    master_addr: str
+
+    def stop(self) -> None:
+        """Kill the learners and give their bundles back."""
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        remove_placement_group(self.placement)
+
+
+def start_learners(config: Config, total_updates: int) -> LearnerGroup:
+    """``learner.count`` learner actors, one per bundle; rank 0 publishes weights, every rank trains, saves and
+    restores (collectives under DeepSpeed).
+
+    Raises:
+        ClusterError: the bundles found no room within ``PLACEMENT_TIMEOUT_S``.
+    """
+    cfg = config.learner
+    bundle = learner_request(cfg)  # never empty: learner.num_cpus > 0
+    group = placement_group([bundle] * cfg.count, strategy="PACK")
+    ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
+    if not ready:
+        remove_placement_group(group)
+        raise ClusterError(
+            f"the {cfg.count} learner bundle(s) of {bundle} found no room within {PLACEMENT_TIMEOUT_S:g} s "
+            "(learner.count, learner.num_cpus, learner.num_gpus, learner.resources)"
+        )
+    master_addr, master_port = "127.0.0.1", 0
+    if cfg.backend == "deepspeed":
+        in_rank0 = PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=0)
+        master_addr, master_port = ray.get(meeting_point.options(scheduling_strategy=in_rank0).remote())
+    actors = [
+        ray.remote(LearnerActor)
+        .options(
+            num_cpus=bundle.get("CPU", 0.0),
+            num_gpus=bundle.get("GPU", 0.0),
+            resources={k: v for k, v in bundle.items() if k not in ("CPU", "GPU")} or None,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=group, placement_group_bundle_index=rank
+            ),
+        )
+        .remote(
+            model=config.model,
+            learner=cfg,
+            algorithm=config.algorithm,
+            seed=config.run.seed,
+            sampler_dtype=config.sampler.dtype,
             total_updates=total_updates,
             rank=rank,
-            world_size=cfg.learner.count,
-            master_addr="127.0.0.1",
+            world_size=cfg.count,
+            master_addr=master_addr,
             master_port=master_port,
         )
-        for rank in range(cfg.learner.count)
+        for rank in range(cfg.count)
     ]
+    return LearnerGroup(actors, group, master_addr)
 
 
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1 for the learners' process group."""
+@ray.remote(num_cpus=0)
+def meeting_point() -> tuple[str, int]:
+    """This node's address and a TCP port free on it: where a learner group's process group meets."""
+    address = ray.util.get_node_ip_address()
+    return address, free_port(address)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return sock.getsockname()[1]
 
 

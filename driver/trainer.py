@@ -15,6 +15,7 @@ from pathlib import Path
 import ray
 import structlog
 from pydantic import ValidationError
+from ray.util.placement_group import remove_placement_group
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from agentgym_rl.actors.models import model_dir
@@ -25,7 +26,7 @@ from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.configs import Config
 from agentgym_rl.configs.schema import MixEntry
 from agentgym_rl.driver.errors import LearnerLost, TrainError
-from agentgym_rl.driver.learners import start_learners, total_updates
+from agentgym_rl.driver.learners import LearnerGroup, start_learners, total_updates
 from agentgym_rl.driver.metrics import informative_groups, pool_metrics, rollout_metrics
 from agentgym_rl.driver.mix import EnvSlot, apportion, env_metrics, env_run_config, mix_entries, schedule_seed
 from agentgym_rl.driver.needs import plan_run
@@ -73,6 +74,7 @@ class Trainer(ABC):
         self.weights_version = 0
         self.learner_restarts = 0
         self.policy_server = None  # the Serve model deployment's handle when serve.enabled
+        self.learner_group: LearnerGroup | None = None
         self.learners: list[ray.actor.ActorHandle] = []
         self.slots: list[EnvSlot] = []  # each env's task draw and sampler pool, once the actors started
         self.horizons: list[int] = []  # each env's horizon for the episodes launched next (``_start_horizons``)
@@ -151,7 +153,8 @@ class Trainer(ABC):
         )
 
     def _start_learners(self) -> None:
-        self.learners = start_learners(self.config, total_updates(self.config))
+        self.learner_group = start_learners(self.config, total_updates(self.config))
+        self.learners = self.learner_group.actors
         self.learner = self.learners[0]  # the one that publishes weights
 
     def _describe_learner(self) -> dict:
@@ -225,8 +228,7 @@ class Trainer(ABC):
             )
         self.learner_restarts += 1
         log.warning("learner lost; restarting the learners", reason=str(lost), restart=self.learner_restarts)
-        for learner in self.learners:
-            ray.kill(learner, no_restart=True)
+        self.learner_group.stop()
         self._start_learners()
         checkpoint = self.run_dir.latest_checkpoint()
         try:
@@ -575,6 +577,8 @@ class Trainer(ABC):
         """Kill this run's actors; the env actors go with the samplers that own them."""
         for actor in [*self.learners, *self.samplers, *(slot.pool.curriculum for slot in self.slots)]:
             ray.kill(actor)
+        if self.learner_group is not None:
+            remove_placement_group(self.learner_group.placement)
 
 
 def warn_without_state_keys(algorithm: Algorithm, env: TextEnv, name: str) -> None:

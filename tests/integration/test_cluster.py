@@ -250,8 +250,7 @@ def run_and_kill_learner(trainer: SyncTrainer, when: Callable[[], bool]) -> dict
         outcome["killed"] = killed
         return outcome
     finally:
-        for actor in [*trainer.learners, *trainer.samplers, trainer.curriculum]:
-            ray.kill(actor)
+        trainer.stop_actors()
 
 
 @pytest.mark.slow
@@ -277,3 +276,53 @@ def test_a_killed_learner_is_restarted_from_the_last_checkpoint_under_restart(ra
     # The new learner went on from the checkpoint's weights: one weight version per update throughout.
     assert [r["weights_version"] for r in records] == [1, 2, 3]
     assert [p.name for p in trainer.run_dir.complete_checkpoints()][-1] == "iter_000003"
+
+
+GROUP_SCRIPT = """
+import json, sys
+import ray
+from agentgym_rl.configs import Config
+from agentgym_rl.driver.learners import start_learners
+from tests.unit.learner.helpers import batch_of
+
+ray.init(address=sys.argv[1])
+config = Config.model_validate({
+    "model": {"name": "tiny-random"},
+    "algorithm": {"name": "grpo"},
+    "learner": {"backend": "deepspeed", "count": 2, "zero_stage": 2, "num_cpus": 1, "num_threads": 1,
+                "lr": 1e-3, "micro_batch_size": 2},
+})
+group = start_learners(config, total_updates=2)
+refs = [ray.put(t) for t in batch_of(n_groups=2, group_size=2)]
+metrics = [ray.get([learner.update.remote(refs) for learner in group.actors]) for _ in range(2)]
+where = ray.get([a.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()) for a in group.actors])
+nodes = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
+print(json.dumps({"master_addr": group.master_addr, "nodes": where, "node_addresses": nodes, "metrics": metrics}))
+group.stop()
+"""
+
+
+@pytest.mark.slow
+def test_a_deepspeed_learner_group_spans_two_nodes_and_meets_on_rank_0s_node(cluster, tmp_path: Path):
+    cluster, nodes = cluster
+    start_node(cluster, **nodes)  # one CPU each: the two learners' bundles cannot share a node
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    repo = Path(__file__).resolve().parents[2]
+    result = subprocess.run(
+        [sys.executable, "-c", GROUP_SCRIPT, cluster.address],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    # The learners' own log lines reach this stdout too; the script's report is the line of JSON it printed.
+    [found] = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"master_addr"')]
+    rank0, rank1 = found["nodes"]
+    assert rank0 != rank1, "the two ranks should sit on the two nodes"
+    assert found["master_addr"] == found["node_addresses"][rank0]
+    for first, second in found["metrics"]:  # every rank reports the group's summed metrics
+        assert first["learner/loss"] == pytest.approx(second["learner/loss"])
+        assert first["learner/grad_norm"] > 0 and first["learner/optimizer_steps"] == 1
