@@ -199,8 +199,10 @@ class LoraConfig(Section):
 class LearnerConfig(Section):
     backend: Literal["torch", "deepspeed"] = Field("torch", description="Training backend.")
     count: int = Field(1, ge=1, description="Learner actors (data parallel; more than 1 needs deepspeed).")
-    zero_stage: Literal[0, 1, 2] = Field(
-        2, description="DeepSpeed ZeRO stage (deepspeed backend only; stage 3 is not supported yet)."
+    zero_stage: Literal[0, 1, 2, 3] = Field(
+        2,
+        description="DeepSpeed ZeRO stage (deepspeed backend only). 3 partitions the parameters too: every "
+        "learner holds a share, and publishing, saving and the parameter-norm metric gather them.",
     )
     lr: float = Field(1e-6, gt=0.0, description="AdamW peak learning rate.")
     lr_schedule: Literal["constant", "linear", "cosine"] = Field(

@@ -282,7 +282,8 @@ class Trainer(ABC):
             return 0.0
         started = time.perf_counter()
         try:
-            payload_ref = ray.get(self.learner.publish_weights.remote())
+            # Every learner takes part (ZeRO-3 gathers the parameters); rank 0 returns the reference.
+            payload_ref = ray.get([learner.publish_weights.remote() for learner in self.learners])[0]
         except ray.exceptions.RayActorError as exc:
             raise self._learner_died("the weight sync", exc) from exc
         loads = {}

@@ -153,6 +153,9 @@ class LearnerActor:
                 schedule=learner.lr_schedule,
             ),
         )
+        # Counted before ZeRO-3 (if chosen) partitions the parameters.
+        self.num_parameters = sum(p.numel() for p in self.policy.parameters())
+        self.num_trainable = sum(p.numel() for group in groups for p in group["params"])
         modules = torch.nn.ModuleDict({"policy": self.policy})
         if self.critic is not None:
             modules["critic"] = self.critic
@@ -185,8 +188,6 @@ class LearnerActor:
         self.compute_critic = compute["critic"] if self.critic is not None else None
         self.shuffle = torch.Generator().manual_seed(seed)
         self.version = 0
-        self.num_parameters = sum(p.numel() for p in self.policy.parameters())
-        self.num_trainable = sum(p.numel() for group in groups for p in group["params"])
 
     def describe(self) -> dict:
         """Derived numbers logged once at start."""
@@ -303,9 +304,10 @@ class LearnerActor:
             metrics[key] = sum(m[key] for m in step_metrics) / len(step_metrics)
         metrics["learner/optimizer_steps"] = float(len(step_metrics))
         metrics["learner/lr"] = self.optimizer.param_groups[0]["lr"]
-        metrics["learner/param_norm"] = float(
-            torch.sqrt(sum((p.detach().float() ** 2).sum() for p in self.policy.parameters()))
-        )
+        with self.backend.gathered():
+            metrics["learner/param_norm"] = float(
+                torch.sqrt(sum((p.detach().float() ** 2).sum() for p in self.policy.parameters()))
+            )
         metrics["time/update_s"] = time.perf_counter() - started
         return metrics
 
@@ -403,8 +405,12 @@ class LearnerActor:
     # ----------------------------------------------------------------------------- weights, checkpoints
 
     def publish_weights(self) -> list[ray.ObjectRef]:
-        """Put the current weights in the object store once; returns ``[ref]`` (a list, so Ray passes the ref)."""
-        return [ray.put(self.weights_payload())]
+        """Put the current weights in the object store once; returns ``[ref]`` (a list, so Ray passes the ref)
+        on rank 0 and ``[]`` elsewhere. Every learner of a group calls it (ZeRO-3 gathers the parameters)."""
+        with self.backend.gathered():
+            if self.backend.rank != 0:
+                return []
+            return [ray.put(self.weights_payload())]
 
     def weights_payload(self) -> WeightsPayload:
         """The current weights as samplers load them: the float32 master in the samplers' dtype, versioned. A
@@ -430,9 +436,10 @@ class LearnerActor:
         base model's name and weights hash, see ``actors.lora``)."""
         folder = Path(path)
         backend_state = self.backend.save(folder)  # collective under DeepSpeed: every learner calls it
-        if self.backend.rank != 0:
-            return
-        self.policy.save_pretrained(folder / POLICY_DIR)
+        with self.backend.gathered():
+            if self.backend.rank != 0:
+                return
+            self.policy.save_pretrained(folder / POLICY_DIR)
         if is_lora(self.policy):
             write_base_model(folder / POLICY_DIR, self.model_config.name)
         self.tokenizer.save_pretrained(folder / POLICY_DIR)
@@ -451,13 +458,14 @@ class LearnerActor:
         """Restore everything ``save_checkpoint`` wrote; returns the weights version."""
         folder = Path(path)
         state = torch.load(folder / LEARNER_STATE, weights_only=False, map_location=self.device)
-        if is_lora(self.policy):
-            # The base stays as loaded (checked against the hash the adapter records); only the adapter is read.
-            saved = read_checked_adapter(folder / POLICY_DIR, self.model_config.name)
-            load_adapter_state_dict(self.policy, saved.tensors)
-        else:
-            restored = load_model(str(folder / POLICY_DIR), "float32")
-            self.policy.load_state_dict(restored.state_dict())
+        with self.backend.gathered(modify=True):
+            if is_lora(self.policy):
+                # The base stays as loaded (checked against the hash the adapter records); only the adapter is read.
+                saved = read_checked_adapter(folder / POLICY_DIR, self.model_config.name)
+                load_adapter_state_dict(self.policy, saved.tensors)
+            else:
+                restored = load_model(str(folder / POLICY_DIR), "float32")
+                self.policy.load_state_dict(restored.state_dict())
         self.backend.load(folder, state)
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])

@@ -7,6 +7,7 @@ rows are spread over learners and micro-batches.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -46,6 +47,11 @@ class TorchBackend:
         """The rows of a minibatch this learner trains on."""
         return rows
 
+    def gathered(self, *, modify: bool = False) -> contextlib.AbstractContextManager:
+        """A context in which every parameter is whole on this learner (ZeRO-3 gathers them: every learner
+        must enter it together); with ``modify``, what rank 0 writes into them reaches every learner."""
+        return contextlib.nullcontext()
+
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
@@ -78,7 +84,8 @@ class TorchBackend:
 
 class DeepSpeedBackend(TorchBackend):
     """``world_size`` learner actors in one process group (gloo on CPUs, NCCL with ``nccl``: learners on GPUs),
-    ZeRO stage 0-2 (parameters stay whole on every learner, so each can publish or save them).
+    ZeRO stage 0-3 (up to 2 the parameters stay whole on every learner; under 3 each holds a share, and
+    ``gathered`` makes them whole for publishing and saving).
 
     Every learner scores the whole batch (so group statistics and whitening see every episode) and
     back-propagates its ``shard`` of each minibatch; DeepSpeed averages gradients over learners,
@@ -128,6 +135,15 @@ class DeepSpeedBackend(TorchBackend):
         super().__init__(modules, ds_optimizer, ds_scheduler, grad_clip=grad_clip)
         self.rank = rank
         self.world_size = world_size
+        self.zero_stage = zero_stage
+
+    def gathered(self, *, modify: bool = False) -> contextlib.AbstractContextManager:
+        if self.zero_stage < 3:
+            return contextlib.nullcontext()
+        import deepspeed
+
+        params = list(self.modules.parameters())
+        return deepspeed.zero.GatheredParameters(params, modifier_rank=0 if modify else None)
 
     def shard(self, rows: torch.Tensor) -> torch.Tensor:
         return rows[self.rank :: self.world_size]
@@ -139,6 +155,11 @@ class DeepSpeedBackend(TorchBackend):
         # Gradients are reduced over learners once, on the last micro-batch of the minibatch.
         self.engine.set_gradient_accumulation_boundary(last)
         self.engine.backward(loss * self.world_size)
+        # The forwards run on the modules, not through the engine, so do what the engine's forward does first:
+        # without it ZeRO-3 keeps counting micro-step 0 and each micro-batch's gradient replaces the last's.
+        clear = getattr(self.engine.optimizer, "clear_backward_seen_flag", None)
+        if clear is not None:
+            clear()
 
     def step(self) -> float:
         self.engine.set_gradient_accumulation_boundary(True)

@@ -5,13 +5,14 @@ import ray
 import torch
 
 from agentgym_rl.actors.models import load_model
+from agentgym_rl.actors.weights import unpack_state_dict
 from agentgym_rl.configs import Config
 from agentgym_rl.driver.learners import free_port
 from agentgym_rl.learner.actor import LearnerActor
 from tests.unit.learner.helpers import batch_of
 
 
-def _config(backend: str, count: int) -> Config:
+def _config(backend: str, count: int, zero_stage: int = 2) -> Config:
     return Config.model_validate(
         {
             "model": {"name": "tiny-random"},
@@ -19,12 +20,13 @@ def _config(backend: str, count: int) -> Config:
             "learner": {
                 "backend": backend,
                 "count": count,
-                "zero_stage": 2,
+                "zero_stage": zero_stage,
                 "lr": 1e-3,
                 "micro_batch_size": 2,
                 "minibatches": 2,
                 "num_cpus": 0.5,
                 "num_threads": 1,
+                "precision": "float32",
             },
         }
     )
@@ -50,6 +52,7 @@ def test_two_zero2_learners_equal_one_torch_learner(ray_local):
             learner=ds_cfg.learner,
             algorithm=ds_cfg.algorithm,
             seed=0,
+            sampler_dtype="float32",
             rank=rank,
             world_size=2,
             master_addr="127.0.0.1",
@@ -67,8 +70,65 @@ def test_two_zero2_learners_equal_one_torch_learner(ray_local):
     assert metrics[0]["learner/grad_norm"] == pytest.approx(expected_metrics["learner/grad_norm"], rel=1e-3)
     initial = load_model("tiny-random").state_dict()
     moved = 0
-    for name, array in payload.arrays.items():
-        got = torch.from_numpy(array.copy())
+    for name, got in unpack_state_dict(payload).items():
         assert torch.allclose(got, expected[name], atol=2e-5), name
         moved += int(not torch.equal(got, initial[name]))
     assert moved > 0
+
+
+def _group(config: Config) -> list[ray.actor.ActorHandle]:
+    port = free_port()
+    return [
+        ray.remote(LearnerActor)
+        .options(num_cpus=0.5)
+        .remote(
+            model=config.model,
+            learner=config.learner,
+            algorithm=config.algorithm,
+            seed=0,
+            sampler_dtype="float32",  # published as the float32 master holds them
+            rank=rank,
+            world_size=config.learner.count,
+            master_addr="127.0.0.1",
+            master_port=port,
+        )
+        for rank in range(config.learner.count)
+    ]
+
+
+def _gathered_state(learner: LearnerActor) -> dict[str, torch.Tensor]:
+    with learner.backend.gathered():
+        return {name: value.detach().clone() for name, value in learner.policy.state_dict().items()}
+
+
+@pytest.mark.slow
+def test_zero3_trains_like_zero2_publishes_its_gathered_parameters_and_resumes(ray_local, tmp_path):
+    refs = [ray.put(t) for t in batch_of(n_groups=4, group_size=3)]
+    runs = {}
+    for stage in (2, 3):
+        learners = _group(_config("deepspeed", 2, zero_stage=stage))
+        losses = [ray.get([lr.update.remote(refs) for lr in learners])[0]["learner/loss"] for _ in range(3)]
+        published = ray.get([lr.publish_weights.remote() for lr in learners])  # every rank joins the gather
+        gathered = ray.get([lr.__ray_call__.remote(_gathered_state) for lr in learners])
+        runs[stage] = losses, ray.get(published[0][0]), gathered[1], published[1]
+        if stage == 3:
+            ray.get([lr.save_checkpoint.remote(str(tmp_path)) for lr in learners])
+        for learner in learners:
+            ray.kill(learner)
+
+    # A new ZeRO-3 group restored from that checkpoint publishes the same weights.
+    learners = _group(_config("deepspeed", 2, zero_stage=3))
+    assert ray.get([lr.load_checkpoint.remote(str(tmp_path)) for lr in learners]) == [3, 3]
+    restored = unpack_state_dict(ray.get(ray.get([lr.publish_weights.remote() for lr in learners])[0][0]))
+    for learner in learners:
+        ray.kill(learner)
+    assert all(torch.equal(restored[name], tensor) for name, tensor in unpack_state_dict(runs[3][1]).items())
+
+    (losses2, _, _, _), (losses3, payload3, rank1_params3, rank1_published3) = runs[2], runs[3]
+    assert losses3 == pytest.approx(losses2, rel=1e-4, abs=1e-6)
+    assert rank1_published3 == []  # only rank 0 hands out the reference
+    # What rank 0 published is the whole parameter set another rank gathers, not its own share.
+    published3 = unpack_state_dict(payload3)
+    assert set(published3) == set(rank1_params3)
+    for name, tensor in published3.items():
+        assert torch.equal(tensor, rank1_params3[name]), name
