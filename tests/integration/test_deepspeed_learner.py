@@ -42,24 +42,7 @@ def test_two_zero2_learners_equal_one_torch_learner(ray_local):
     expected_metrics = single.update_batch(trajectories)
     expected = single.policy.state_dict()
 
-    ds_cfg = _config("deepspeed", 2)
-    port = free_port()
-    learners = [
-        ray.remote(LearnerActor)
-        .options(num_cpus=0.5)
-        .remote(
-            model=ds_cfg.model,
-            learner=ds_cfg.learner,
-            algorithm=ds_cfg.algorithm,
-            seed=0,
-            sampler_dtype="float32",
-            rank=rank,
-            world_size=2,
-            master_addr="127.0.0.1",
-            master_port=port,
-        )
-        for rank in range(2)
-    ]
+    learners = _group(_config("deepspeed", 2))
     metrics = ray.get([learner.update.remote(refs) for learner in learners])
     payload = ray.get(ray.get(learners[0].publish_weights.remote())[0])
     for learner in learners:
