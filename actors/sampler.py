@@ -94,6 +94,7 @@ class SamplerActor:
             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
             max_cached_tokens=sampler.kv_cache_tokens,
             adapter=model.adapter,
+            vllm=sampler.vllm,
         )
         # Each episode attempt gets its own key: the engine keeps its keys/values between turns.
         self.episode_keys = itertools.count()

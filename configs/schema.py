@@ -65,6 +65,42 @@ class SamplingConfig(Section):
         return stop
 
 
+class VLLMConfig(Section):
+    """Settings of the vLLM engine (`engine: vllm`); the transformers engine ignores them."""
+
+    tensor_parallel_size: int = Field(
+        1, ge=1, description="GPUs one engine shards the model over; needs that many reserved (`num_gpus`)."
+    )
+    gpu_memory_utilization: float = Field(
+        0.5,
+        gt=0.0,
+        le=1.0,
+        description="Share of each of its GPUs' memory the engine may take for weights and its key/value cache "
+        "(vLLM's CPU build bounds its cache by VLLM_CPU_KVCACHE_SPACE instead).",
+    )
+    max_model_len: int | None = Field(
+        None,
+        ge=1,
+        description="Longest sequence (prompt + completion) the engine accepts and sizes its cache for; None: "
+        "the model's own limit.",
+    )
+
+    def check_fits(self, section: str, num_gpus: float | None, longest: int) -> None:
+        """Raise ValueError naming the key when these settings do not fit the actor's GPUs or longest sequence."""
+        gpus = num_gpus if num_gpus is not None else 1.0
+        if self.tensor_parallel_size > gpus:
+            raise ValueError(
+                f"{section}.vllm.tensor_parallel_size={self.tensor_parallel_size} needs that many GPUs per engine, "
+                f"but {section}.num_gpus={num_gpus} reserves {gpus:g}; set {section}.num_gpus="
+                f"{self.tensor_parallel_size}"
+            )
+        if self.max_model_len is not None and self.max_model_len < longest:
+            raise ValueError(
+                f"{section}.vllm.max_model_len={self.max_model_len} is shorter than the longest sequence the "
+                f"{section} sends ({longest} tokens); raise it or leave it unset"
+            )
+
+
 class SamplerConfig(Section):
     engine: Literal["transformers", "vllm"] = Field(
         "transformers",
@@ -152,6 +188,7 @@ class SamplerConfig(Section):
         description="Longest wait for a new sampler or env actor to start (process, imports, model load); one "
         "that has not started by then is removed and the pool stays smaller.",
     )
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings (`engine: vllm`).")
 
     @model_validator(mode="after")
     def _pool_bounds(self) -> SamplerConfig:
@@ -167,6 +204,8 @@ class SamplerConfig(Section):
                 f"env pool bounds must satisfy min_envs_per_sampler <= envs_per_sampler <= max_envs_per_sampler, "
                 f"got {self.min_envs_per_sampler} <= {self.envs_per_sampler} <= {top}"
             )
+        if self.engine == "vllm":
+            self.vllm.check_fits("sampler", self.num_gpus, self.max_context_tokens)
         return self
 
 
@@ -553,11 +592,14 @@ class ServeConfig(Section):
     linger_s: float = Field(
         0.0, ge=0.0, description="Training: keep serving the final policy this long after the last iteration."
     )
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings (`engine: vllm`).")
 
     @model_validator(mode="after")
     def _one_scaling_mode(self) -> ServeConfig:
         if self.autoscaling is not None and "num_replicas" in self.model_fields_set:
             raise ValueError("set serve.num_replicas or serve.autoscaling, not both")
+        if self.engine == "vllm":
+            self.vllm.check_fits("serve", self.num_gpus, self.max_prompt_tokens + self.max_tokens)
         return self
 
     @model_validator(mode="after")

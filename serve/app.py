@@ -162,6 +162,7 @@ def build_app(args: ServeArgs) -> serve.Application:
         max_queued_requests=limits.max_queued_requests,
         torch_threads=limits.torch_threads,
         app_name=args.app_name,
+        vllm=limits.vllm,
     )
 
 

@@ -34,6 +34,7 @@ from agentgym_rl.actors.engines import ChoiceDelta, CompletionRequest, ServingEn
 from agentgym_rl.actors.lora import policy_source
 from agentgym_rl.actors.models import load_tokenizer
 from agentgym_rl.actors.weights import WeightsPayload
+from agentgym_rl.configs.schema import VLLMConfig
 from agentgym_rl.envs.actor import hide_unreserved_gpus
 
 log = structlog.get_logger()
@@ -114,6 +115,7 @@ def build_engine(
     max_rows: int,
     max_kv_tokens: int,
     max_requests: int,
+    vllm: VLLMConfig | None = None,
 ) -> ServingEngine:
     """The serving engine of a replica, with the source's stop and pad ids."""
     name, adapter = policy_source(source)
@@ -129,6 +131,7 @@ def build_engine(
         max_rows=max_rows,
         max_kv_tokens=max_kv_tokens,
         max_requests=max_requests,
+        vllm=vllm,
     )
 
 
@@ -155,6 +158,7 @@ class PolicyModel:
         max_queued_requests: requests waiting for a row beyond the decoding ones; more are refused.
         torch_threads: torch threads of this replica (None: :func:`default_torch_threads`).
         app_name: Serve application name (names the weights store).
+        vllm: the vLLM engine's settings (``serve.vllm``).
     """
 
     def __init__(
@@ -169,6 +173,7 @@ class PolicyModel:
         max_queued_requests: int,
         torch_threads: int | None,
         app_name: str,
+        vllm: VLLMConfig | None = None,
     ) -> None:
         hide_unreserved_gpus()
         torch.set_num_threads(torch_threads or default_torch_threads(os.cpu_count() or 1))
@@ -199,6 +204,7 @@ class PolicyModel:
             max_rows=max_batch_size,
             max_kv_tokens=kv_cache_tokens,
             max_requests=max_batch_size + max_queued_requests,
+            vllm=vllm,
         )
         self.engine: ServingEngine | None = None
         loader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-load")

@@ -13,6 +13,7 @@ from agentgym_rl.actors.engines.serving import (
     ServingEngine,
 )
 from agentgym_rl.actors.models import resolve_dtype
+from agentgym_rl.configs.schema import VLLMConfig
 
 ENGINES = ("transformers", "vllm")
 
@@ -27,6 +28,7 @@ def make_engine(
     pad_token_id: int,
     max_cached_tokens: int = 0,
     adapter: str | None = None,
+    vllm: VLLMConfig | None = None,
 ) -> Engine:
     """Create the engine ``name`` (one of ``ENGINES``).
 
@@ -40,6 +42,7 @@ def make_engine(
         max_cached_tokens: transformers engine: keys/values kept between an episode's turns (0: none);
             vLLM keeps its own prefix cache.
         adapter: a LoRA adapter directory (base ``model_name``) applied before the first generation.
+        vllm: the vLLM engine's settings (parallelism, memory share, longest sequence); None: the defaults.
 
     Raises:
         ValueError: ``name`` is not a known engine.
@@ -61,7 +64,14 @@ def make_engine(
     if name == "vllm":
         from agentgym_rl.actors.engines.vllm_engine import VLLMEngine
 
-        return VLLMEngine(model_name=model_name, dtype=dtype, seed=seed, stop_token_ids=stop_token_ids, adapter=adapter)
+        return VLLMEngine(
+            model_name=model_name,
+            dtype=dtype,
+            seed=seed,
+            stop_token_ids=stop_token_ids,
+            adapter=adapter,
+            **(vllm or VLLMConfig()).model_dump(),
+        )
     raise ValueError(f"unknown engine {name!r}; available engines: {', '.join(ENGINES)}")
 
 
@@ -77,13 +87,14 @@ def make_serving_engine(
     max_kv_tokens: int,
     max_requests: int,
     adapter: str | None = None,
+    vllm: VLLMConfig | None = None,
 ) -> ServingEngine:
     """Create the serving form of engine ``name`` (one of ``ENGINES``).
 
     Args:
         name: ``transformers`` (continuous batching over the sampler's decode step) or ``vllm``
             (vLLM's own asynchronous engine).
-        model_name, dtype, seed, stop_token_ids, pad_token_id, adapter: as for :func:`make_engine`.
+        model_name, dtype, seed, stop_token_ids, pad_token_id, adapter, vllm: as for :func:`make_engine`.
         max_rows: most completions decoding at once.
         max_kv_tokens: transformers: bound on the running batch's key/value positions; vLLM sizes its
             paged cache from the GPU memory it is given.
@@ -116,6 +127,7 @@ def make_serving_engine(
             stop_token_ids=stop_token_ids,
             max_num_seqs=max_rows,
             adapter=adapter,
+            **(vllm or VLLMConfig()).model_dump(),
         )
         return VLLMServingEngine(engine, max_requests=max_requests)
     raise ValueError(f"unknown engine {name!r}; available engines: {', '.join(ENGINES)}")

@@ -113,7 +113,9 @@ class VLLMEngine(Engine):
         dtype: ``float32`` or ``bfloat16``.
         seed: seeds the stream that per-request seeds are drawn from when no generators are given.
         stop_token_ids: ids that end a turn.
-        gpu_memory_utilization: share of the GPU vLLM may take (weights + KV cache).
+        gpu_memory_utilization: share of each GPU vLLM may take (weights + KV cache).
+        tensor_parallel_size: GPUs the model is sharded over (the actor reserved that many).
+        max_model_len: longest prompt + completion accepted (None: the model's own limit).
         max_num_seqs: most sequences vLLM decodes at once (None: vLLM's default).
         adapter: a LoRA adapter directory whose base is ``model_name``, applied at start.
 
@@ -133,6 +135,8 @@ class VLLMEngine(Engine):
         seed: int,
         stop_token_ids: list[int],
         gpu_memory_utilization: float = 0.5,
+        tensor_parallel_size: int = 1,
+        max_model_len: int | None = None,
         max_num_seqs: int | None = None,
         adapter: str | None = None,
     ) -> None:
@@ -157,6 +161,8 @@ class VLLMEngine(Engine):
             seed=seed,
             enable_prefix_caching=True,
             gpu_memory_utilization=gpu_memory_utilization,
+            tensor_parallel_size=tensor_parallel_size,
+            max_model_len=max_model_len,
             logprobs_mode="processed_logprobs",
             worker_extension_cls=WORKER_EXTENSION,
             **({} if max_num_seqs is None else {"max_num_seqs": max_num_seqs}),

@@ -52,7 +52,7 @@ def test_unknown_key_error_names_the_key(override, named):
         ("sampler.sampling.temperature=-1", "sampler.sampling.temperature"),
         ("curriculum.horizons=[10, 5]", "horizons"),
         ("learner.count=2", "deepspeed"),
-        ("learner.zero_stage=3", "learner.zero_stage"),
+        ("learner.zero_stage=4", "learner.zero_stage"),
         ("algorithm.group_size=abc", "algorithm.group_size"),
     ],
 )
