@@ -8,9 +8,19 @@ still refused with 422.
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+import re
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    WithJsonSchema,
+    field_validator,
+)
 
 Protocol = Literal["agentgym", "textcraft", "sciworld", "searchqa", "webarena"]
 PROTOCOLS: tuple[str, ...] = get_args(Protocol)
@@ -61,22 +71,64 @@ def _printable_unicode(text: str) -> str:
     return text.encode("utf-8", "replace").decode("utf-8")
 
 
+class ErrorBody(BaseModel):
+    """Every error answer of the env server."""
+
+    error: str = Field(description="What went wrong, naming the field, id or limit.")
+
+
+# The statuses every route of the env server may answer besides 200 (see ``envs.http.server``).
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": description}
+    for status, description in {
+        400: "a body that is not JSON text",
+        401: "missing or wrong bearer token (when the server has one)",
+        404: "unknown or closed env id, or a task (id, goal) the env does not have",
+        405: "the route does not take this method",
+        409: "a step before the reset or after the episode ended",
+        413: "an action over the server's length limit",
+        422: "a malformed request: a missing or mistyped field",
+        429: "the server holds its most live envs",
+        500: "the env raised unexpectedly",
+        503: "the env cannot start on this machine",
+    }.items()
+}
+
+
+def _whole_number(value: Any) -> Any:
+    """Ids and indices as AgentGym's servers read them: integers, or text of digits ("0" as 0); never a
+    boolean or a fraction."""
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ValueError("must be an integer")
+    if isinstance(value, str) and not re.fullmatch(r"-?[0-9]+", value):
+        raise ValueError("must be an integer or a string of digits")
+    return value
+
+
+# An id or index on the wire: what ``_whole_number`` accepts, and a JSON schema that says so.
+WireInt = Annotated[
+    int,
+    BeforeValidator(_whole_number),
+    WithJsonSchema({"anyOf": [{"type": "integer"}, {"type": "string", "pattern": "^-?[0-9]+$"}]}),
+]
+
+
 class _Request(BaseModel):
     # AgentGym's FastAPI models ignore fields they do not define and read "0" as 0.
     model_config = ConfigDict(extra="ignore")
 
 
 class _Id(_Request):  # the common protocol and the TextCraft and SciWorld servers name the env `id`
-    id: int = Field(description="Env id returned by /create.")
+    id: WireInt = Field(description="Env id returned by /create.")
 
 
 class _EnvIdx(_Request):  # Deep Search's and WebArena's servers name it `env_idx`
-    env_idx: int = Field(description="Env index returned by /create.")
+    env_idx: WireInt = Field(description="Env index returned by /create.")
 
 
 class _Action(_Request):
     action: StrictStr = Field(description="Action text: a bare action or a model reply holding one.")
-    verbatim: bool = Field(
+    verbatim: StrictBool = Field(
         default=False,
         description="Hand the action to the env exactly as sent; by default a text with no action in the env's "
         "syntax is read as a bare action (what AgentGym's clients send). This project's client sets it whenever it "
@@ -92,13 +144,13 @@ class _Action(_Request):
 class ResetRequest(_Id):
     """POST /reset: start task ``data_idx`` in env ``id``."""
 
-    data_idx: int = Field(description="Task id of the env (AgentGym's data index).")
+    data_idx: WireInt = Field(description="Task id of the env (AgentGym's data index).")
 
 
 class TextCraftResetRequest(_Id):
     """POST /reset (textcraft): start task ``data_idx`` (AgentGym's TextCraft server defaults it to 0)."""
 
-    data_idx: int = Field(default=0, description="Task id of the env (AgentGym's data index).")
+    data_idx: WireInt = Field(default=0, description="Task id of the env (AgentGym's data index).")
 
 
 class TextCraftCreateRequest(_Request):
@@ -119,13 +171,13 @@ class CloseRequest(_Id):
 class SearchCreateRequest(_Request):
     """POST /create (searchqa): optionally reset the new env to question ``id`` at once."""
 
-    id: int | None = Field(default=None, description="Question (task id) to start; None: reset later.")
+    id: WireInt | None = Field(default=None, description="Question (task id) to start; None: reset later.")
 
 
 class SearchResetRequest(_EnvIdx):
     """POST /reset (searchqa): start question ``id`` in env ``env_idx``."""
 
-    id: int = Field(description="Question index (task id).")
+    id: WireInt = Field(description="Question index (task id).")
 
 
 class EnvIdxStepRequest(_EnvIdx, _Action):
@@ -139,5 +191,7 @@ class EnvIdxCloseRequest(_EnvIdx):
 class WebArenaResetRequest(_EnvIdx):
     """POST /reset (webarena): start task ``idx`` (WebArena's config index) in env ``env_idx``."""
 
-    idx: int = Field(description="Task id (WebArena's config file index).")
-    seed: int | None = Field(default=None, description="Accepted as AgentGym's client sends it (0); tasks are seeded.")
+    idx: WireInt = Field(description="Task id (WebArena's config file index).")
+    seed: WireInt | None = Field(
+        default=None, description="Accepted as AgentGym's client sends it (0); tasks are seeded."
+    )

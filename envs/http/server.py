@@ -43,7 +43,7 @@ as a bare action (``Action: <text>``), which is what AgentGym's clients send; ``
 in a step body hands the text to the env unchanged.
 
 Errors are JSON ``{"error": message}`` with a 4xx/5xx status, never 200: wrong bearer token 401,
-unknown or closed id 404, bad task id 400, step before reset or after the episode ended 409,
+unknown or closed id or a task the env does not have 404, step before reset or after the episode ended 409,
 action too long 413, malformed body 422 (400 for bytes that are not JSON text), too many live envs
 429, an env that raised unexpectedly 500, an env that cannot start here (e.g. no Java runtime) 503.
 Env calls run in a thread pool, one at a time per env, so a slow env does not stall the others.
@@ -51,6 +51,7 @@ Env calls run in a thread pool, one at a time per env, so a slow env does not st
 
 from __future__ import annotations
 
+import hmac
 import json
 from typing import Any
 
@@ -60,7 +61,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from agentgym_rl.envs.http.models import ServerOptions, default_protocol
+from agentgym_rl.envs.http.models import ERROR_RESPONSES, ServerOptions, default_protocol
 from agentgym_rl.envs.http.routes import ROUTES
 from agentgym_rl.envs.http.service import EnvService, ServerError
 from agentgym_rl.envs.registry import env_class
@@ -95,7 +96,10 @@ def build_app(env_name: str, options: dict[str, Any] | None = None, max_envs: in
     service = EnvService(config)
 
     async def authorize(request: Request) -> None:
-        if config.token is not None and request.headers.get("authorization") != f"Bearer {config.token}":
+        if config.token is None:
+            return
+        given = request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(given, f"Bearer {config.token}".encode()):  # in constant time
             raise ServerError(401, "missing or wrong bearer token (header 'Authorization: Bearer <token>')")
 
     app = FastAPI(
@@ -119,16 +123,17 @@ def build_app(env_name: str, options: dict[str, Any] | None = None, max_envs: in
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return AsciiJSONResponse({"error": str(exc.detail)}, status_code=exc.status_code)
+        # Starlette's own headers go along (a 405 names the methods the route takes in `Allow`).
+        return AsciiJSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         # Starlette still logs the traceback; the client gets JSON like every other error.
         return AsciiJSONResponse({"error": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500)
 
-    app.include_router(ROUTES[config.protocol](service))
+    app.include_router(ROUTES[config.protocol](service), responses=ERROR_RESPONSES)
 
-    @app.get("/")
+    @app.get("/", responses=ERROR_RESPONSES)
     async def root() -> dict[str, Any]:
         return {
             "env": env_name,

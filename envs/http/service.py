@@ -98,7 +98,7 @@ class EnvService:
             try:
                 obs = await self._call(env_id, "reset", lambda: start(session.env))
             except EnvError as exc:
-                raise ServerError(400, f"cannot reset env {env_id} to {what}: {exc}") from exc
+                raise ServerError(404, f"cannot reset env {env_id} to {what}: {exc}") from exc
             session.observation, session.reward, session.score = obs.text, 0.0, 0.0
             session.started, session.done = True, False
             return obs.text, jsonable_encoder(obs.info)

@@ -83,7 +83,7 @@ def test_babyai_as_agentgyms_client_drives_it(babyai):
 def test_truly_bad_input_still_gets_4xx_json(babyai):
     env_id = ok(babyai.post("/create"))["id"]
     cases = [
-        (babyai.post("/reset", json={"id": env_id, "data_idx": -1}), 400, "non-negative"),
+        (babyai.post("/reset", json={"id": env_id, "data_idx": -1}), 404, "non-negative"),
         (babyai.post("/reset", json={"id": "zero", "data_idx": 1}), 422, "id"),
         (babyai.post("/reset", json={"id": env_id, "data_idx": "1.5"}), 422, "data_idx"),
         (babyai.post("/step", content=b'{"id": 0, "action": ', headers={"content-type": "application/json"}), 422, ""),
@@ -143,7 +143,7 @@ def test_textcraft_create_plays_the_callers_commands_and_goal(textcraft):
     half = textcraft.post("/create", json={"goal": "minecraft:oak_planks"})
     assert half.status_code == 422 and "both `commands` and `goal`" in half.json()["error"]
     unknown = textcraft.post("/create", json={"commands": listing, "goal": "minecraft:unobtainium"})
-    assert unknown.status_code == 400 and "no craftable item" in unknown.json()["error"]
+    assert unknown.status_code == 404 and "no craftable item" in unknown.json()["error"]
     live = ok(textcraft.get("/"))["live_envs"]
     assert live == 0, "a refused /create must free the env it made"
 

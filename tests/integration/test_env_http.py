@@ -172,8 +172,8 @@ BAD_REQUESTS = [
     ("post", "/step", {"json": {"id": 10_000, "action": "x"}}, 404, ("unknown env id",)),
     ("get", "/observation", {"params": {"id": 10_000}}, 404, ("unknown env id",)),
     ("post", "/close", {"json": {"id": 10_000}}, 404, ("unknown env id",)),
-    ("post", "/reset", {"json": {"id": "{env}", "data_idx": -1}}, 400, ("task -1", "non-negative")),
-    ("post", "/reset", {"json": {"id": "{env}", "data_idx": 0}}, 400, ("GoToRedBallGrey", "configured levels")),
+    ("post", "/reset", {"json": {"id": "{env}", "data_idx": -1}}, 404, ("task -1", "non-negative")),
+    ("post", "/reset", {"json": {"id": "{env}", "data_idx": 0}}, 404, ("GoToRedBallGrey", "configured levels")),
     ("post", "/reset", {"json": {"id": "{env}", "data_idx": "one"}}, 422, ("data_idx",)),
     ("post", "/reset", {"json": {"id": "{env}", "data_idx": 1.5}}, 422, ("data_idx",)),
     ("post", "/reset", {"json": {"id": "{env}"}}, 422, ("data_idx", "Field required")),
@@ -310,7 +310,7 @@ def test_search_speaks_deep_search_env_idx_protocol():
         assert_error(http.post("/step", json={"id": env_idx, "action": "x"}), 422, "env_idx")
         assert_error(http.post("/reset", json={"env_idx": 99, "id": 1}), 404, "unknown env id 99")
         for _ in range(3):  # a bad question id at /create frees the env it made
-            assert_error(http.post("/create", json={"id": 10**9}), 400, "out of range")
+            assert_error(http.post("/create", json={"id": 10**9}), 404, "out of range")
         assert http.post("/close", json={"env_idx": env_idx}).json() is True
         assert http.post("/close", json={"env_idx": env_idx}).json() is False
 
@@ -332,7 +332,7 @@ def test_generic_client_for_an_env_this_project_does_not_know(babyai_url):
 
 def test_client_reports_server_errors_and_unreachable_servers(babyai_url):
     client = AgentGymClient(base_url=babyai_url, env_name="babyai")
-    with pytest.raises(EnvError, match="HTTP 400.*task -5"):
+    with pytest.raises(EnvError, match="HTTP 404.*task -5"):
         client.reset(-5)
     client.close()
     with socket.socket() as sock:
@@ -372,7 +372,7 @@ def test_cli_env_server_serves_on_loopback():
                 assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read().decode()
                 time.sleep(0.2)
         assert observation.text.startswith("Your goal: go to the red ball")
-        with pytest.raises(EnvError, match="HTTP 400.*configured levels"):
+        with pytest.raises(EnvError, match="HTTP 404.*configured levels"):
             client.reset(2)
         client.close()
     finally:
