@@ -33,6 +33,16 @@ log = structlog.get_logger()
 
 RETRY_AFTER_S = 1
 ROUTES = "routes: POST /v1/chat/completions, GET /v1/models, POST /v1/act, GET /v1/policy, GET /healthz"
+# What each status means here, for the routes' OpenAPI declarations (the table above).
+ERROR_STATUSES = {
+    400: "invalid JSON, a bad or unknown field (`param` names it), or a limit exceeded (max_tokens, n, prompt)",
+    401: "missing or wrong API key (when the server has one)",
+    404: "unknown model, env or route",
+    413: "request body over serve.max_body_bytes",
+    429: "the replica holds its most requests (serve.max_batch_size + serve.max_queued_requests)",
+    500: "anything unexpected",
+    503: "the model is still loading (with Retry-After)",
+}
 TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",

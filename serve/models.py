@@ -218,3 +218,16 @@ class PolicyInfo(BaseModel):
 class Health(BaseModel):
     status: Literal["ok"] = "ok"
     weights_version: int
+
+
+class ErrorDetail(BaseModel):
+    message: str = Field(description="What went wrong and what to change.")
+    type: str = Field(description="OpenAI's error type, e.g. `invalid_request_error`, `rate_limit_error`.")
+    param: str | None = Field(description="The request field at fault, when one is.")
+    code: str | None = Field(description="A machine-readable code, e.g. `model_not_found`, `invalid_json`.")
+
+
+class ErrorResponse(BaseModel):
+    """Every error answer of the endpoint, in OpenAI's shape (the `openai` client raises from it)."""
+
+    error: ErrorDetail

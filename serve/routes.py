@@ -14,8 +14,10 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
 
 from agentgym_rl.actors.chat import ChatFormat
 from agentgym_rl.actors.engines import ChoiceDelta, CompletionRequest, SamplingParams
@@ -24,7 +26,7 @@ from agentgym_rl.actors.models import load_tokenizer
 from agentgym_rl.configs.schema import ServeConfig
 from agentgym_rl.envs import EnvError, InvalidAction, TextEnv, make
 from agentgym_rl.serve.deployment import GenerateResult, StreamStart
-from agentgym_rl.serve.errors import APIError, install_error_handlers, sse_error
+from agentgym_rl.serve.errors import ERROR_STATUSES, APIError, install_error_handlers, sse_error
 from agentgym_rl.serve.models import (
     ActRequest,
     ActResponse,
@@ -36,6 +38,7 @@ from agentgym_rl.serve.models import (
     ChoiceLogprobs,
     ChunkChoice,
     Delta,
+    ErrorResponse,
     Health,
     ModelCard,
     ModelList,
@@ -327,28 +330,77 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> Usage:
     )
 
 
+def errors(*statuses: int) -> dict[int | str, dict]:
+    """The OpenAPI ``responses`` of a route's error statuses (see ``serve.errors``)."""
+    return {status: {"model": ErrorResponse, "description": ERROR_STATUSES[status]} for status in statuses}
+
+
+def json_body(model: type[BaseModel]) -> dict:
+    """``openapi_extra`` declaring a route's JSON body (the routes read it themselves, to bound its size)."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}},
+        }
+    }
+
+
+# Models the routes declare by hand (bodies they read themselves, the completion beside its event stream):
+# their schemas join the app's OpenAPI components.
+DECLARED_BY_HAND: tuple[type[BaseModel], ...] = (ChatCompletionRequest, ActRequest, ChatCompletion)
+
+
 def build_api(api: PolicyAPI) -> FastAPI:
     """The FastAPI app of one ingress replica; every route except /healthz needs the API key when one is set."""
     app = FastAPI(title="agentgym-rl policy", version="1")
     install_error_handlers(app)
     authorised = [Depends(api.check_key)]
+    # Every route can also answer 500 (anything unexpected), and every route but /healthz 401.
+    keyed = (401, 500)
 
-    @app.get("/healthz")
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            _, defs = models_json_schema(
+                [(model, "validation") for model in DECLARED_BY_HAND], ref_template="#/components/schemas/{model}"
+            )
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(defs["$defs"])
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
+
+    @app.get("/healthz", responses=errors(500, 503))
     async def healthz() -> Health:
         await api.require_model()
         info = await api.policy.policy()
         return Health(weights_version=info["weights_version"])
 
-    @app.get("/v1/models", dependencies=authorised)
+    @app.get("/v1/models", dependencies=authorised, responses=errors(*keyed))
     async def models() -> ModelList:
         return ModelList(data=[ModelCard(id=api.model_id, created=api.created)])
 
-    @app.get("/v1/policy", dependencies=authorised)
+    @app.get("/v1/policy", dependencies=authorised, responses=errors(*keyed, 503))
     async def policy() -> PolicyInfo:
         await api.require_model()
         return PolicyInfo(model=api.model_id, **await api.policy.policy())
 
-    @app.post("/v1/chat/completions", dependencies=authorised, response_model=None)
+    @app.post(
+        "/v1/chat/completions",
+        dependencies=authorised,
+        response_model=None,
+        openapi_extra=json_body(ChatCompletionRequest),
+        responses={
+            200: {
+                "description": "The completion; with `stream: true` server-sent events of chunks, then `[DONE]`.",
+                "content": {
+                    "application/json": {"schema": {"$ref": "#/components/schemas/ChatCompletion"}},
+                    "text/event-stream": {"schema": {"type": "string"}},
+                },
+            },
+            **errors(*keyed, 400, 404, 413, 429, 503),
+        },
+    )
     async def chat_completions(request: Request) -> ChatCompletion | StreamingResponse:
         body = await api.read_body(request, ChatCompletionRequest)
         completion = api.completion_request(body)
@@ -358,7 +410,12 @@ def build_api(api: PolicyAPI) -> FastAPI:
             return StreamingResponse(api.sse(body, completion, weights_version, stream), media_type="text/event-stream")
         return await api.complete(body, completion)
 
-    @app.post("/v1/act", dependencies=authorised)
+    @app.post(
+        "/v1/act",
+        dependencies=authorised,
+        openapi_extra=json_body(ActRequest),
+        responses=errors(*keyed, 400, 404, 413, 429, 503),
+    )
     async def act(request: Request) -> ActResponse:
         body = await api.read_body(request, ActRequest)
         env = api.env(body.env)
