@@ -34,7 +34,7 @@ def test_a_run_whose_minimum_cannot_fit_fails_at_once_naming_the_numbers(tmp_pat
     assert result.returncode == 2, result.stderr[-3000:]
     message = result.stderr.split("agentgym-rl: error: ")[-1]
     for part in (
-        "1 learner(s) (learner.count, learner.num_cpus, learner.resources) x {CPU: 1}",
+        "1 learner(s) (learner.count, learner.num_cpus, learner.num_gpus, learner.resources) x {CPU: 1}",
         "1 sampler(s) of env babyai (sampler.min_count) x {CPU: 0.5}",
         "1 env actor(s) (sampler.min_envs_per_sampler) x {CPU: 0.05}",
         "In all {CPU: 1.55}",
