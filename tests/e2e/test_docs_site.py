@@ -19,7 +19,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 
 class QuietHandler(SimpleHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:
-        pass
+        """Silent: a request log line per page asset would bury the test's own output."""
 
 
 def test_start_page_and_configuration_reference_open_without_console_errors(tmp_path: Path):
