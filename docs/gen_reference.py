@@ -313,21 +313,6 @@ def env_server_openapis() -> list[tuple[str, dict[str, Any]]]:
     return apis
 
 
-def link_package(root: Path) -> Path:
-    """A folder where the package's modules sit under their import names (the repository keeps them under
-    other names, `actors/` for `agentgym_rl.actors`), for mkdocstrings to read the docstrings from."""
-    import tomllib
-
-    package_dirs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-    top = root / "build" / "docs"
-    for module, folder in package_dirs.items():
-        link = top.joinpath(*module.split("."))
-        link.parent.mkdir(parents=True, exist_ok=True)
-        if not link.is_symlink():
-            link.symlink_to(root / folder, target_is_directory=True)
-    return top
-
-
 def main() -> None:
     import mkdocs_gen_files
 
@@ -339,7 +324,6 @@ def main() -> None:
 
     root = Path(mkdocs_gen_files.config.config_file_path).parent
     schema = load_schema(root / "configs" / "schema.py")
-    link_package(root)
     pages = {
         "reference/configuration.md": config_reference(
             schema, {name: resolve_algorithm(name) for name in algorithm_names()}
