@@ -19,7 +19,7 @@ so a loss rebuilds the curriculum actor from its own state with the survivors re
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -99,7 +99,8 @@ class SamplerPool:
         self.indices: dict[ray.actor.ActorHandle, int] = {}
         self.next_index = 0
         self.curriculum = self._new_curriculum()
-        self.weights: list[ray.ObjectRef] | None = None  # the trainer's latest payload, for new samplers
+        # The trainer's latest weights in the object store (``[ref]``, published on the call), for new samplers.
+        self.weights: Callable[[], list[ray.ObjectRef]] | None = None
         self.calls: dict[ray.ObjectRef, Dispatch] = {}
         self.counters: dict[int | None, dict[str, float]] = defaultdict(lambda: defaultdict(float))
 
@@ -173,7 +174,7 @@ class SamplerPool:
                     raise TimeoutError(f"not started within sampler.start_timeout_s={cfg.sampler.start_timeout_s}")
                 self.env_counts[handle] = ray.get(ref)["env_actors"]
                 if self.weights is not None:
-                    ray.get(handle.load_weights.remote(self.weights))
+                    ray.get(handle.load_weights.remote(self.weights()))
                 started.append(handle)
             except (TimeoutError, ray.exceptions.RayError) as exc:
                 log.warning("sampler did not start", sampler=self.indices[handle], reason=first_line(exc))

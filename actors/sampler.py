@@ -28,6 +28,7 @@ from agentgym_rl.actors.engines import Generation, make_engine
 from agentgym_rl.actors.models import load_tokenizer
 from agentgym_rl.actors.rollout import run_episode
 from agentgym_rl.actors.trajectory import Trajectory
+from agentgym_rl.actors.weight_sync import GroupAddress
 from agentgym_rl.actors.weights import WeightsPayload
 from agentgym_rl.configs.schema import EnvConfig, ModelConfig, SamplerConfig
 from agentgym_rl.envs.actor import EnvRestarted, hide_unreserved_gpus
@@ -138,6 +139,21 @@ class SamplerActor:
         payload: WeightsPayload = await payload_ref[0]
         async with self.engine_lock:
             await asyncio.to_thread(self.engine.load_weights, payload)
+        return self.engine.weights_version
+
+    async def weight_group_ranks(self, adapter: bool) -> int:
+        """Members of a weight group this sampler's engine takes (see ``Engine.weight_group_ranks``)."""
+        return self.engine.weight_group_ranks(adapter)
+
+    async def join_weight_group(self, address: GroupAddress, rank: int, adapter: bool) -> None:
+        """Join the learner's weight group as ``rank`` (and the engine's further ranks); returns once formed."""
+        await asyncio.to_thread(self.engine.join_weight_group, address, rank, adapter)
+
+    async def receive_weights(self) -> int:
+        """Receive the version the learner broadcasts now (between batches); returns the weights version."""
+        self._ensure_loop_state()
+        async with self.engine_lock:
+            await asyncio.to_thread(self.engine.receive_weights)
         return self.engine.weights_version
 
     async def state(self) -> dict:

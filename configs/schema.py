@@ -392,6 +392,27 @@ class DynamicSamplingConfig(Section):
     )
 
 
+class WeightSyncConfig(Section):
+    method: Literal["auto", "object_store", "broadcast"] = Field(
+        "auto",
+        description="How each weights version reaches the samplers: `object_store` puts it in Ray's object store "
+        "once and every sampler reads it (on CPUs the transformers engine then uses it in place, without a copy); "
+        "`broadcast` sends it from learner rank 0 over a process group of its own (NCCL between GPUs, gloo "
+        "otherwise) straight into the engines, vLLM's workers included; `auto` is `broadcast` when the learner "
+        "computes on a GPU, else `object_store`. The serving endpoint and samplers that join between syncs "
+        "always read the object store.",
+    )
+    bucket_mb: float = Field(
+        256.0, gt=0, description="`broadcast`: tensors are packed into buffers of about this size, one broadcast each."
+    )
+    timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="`broadcast`: how long a weight group may take to form, and one broadcast to arrive, before "
+        "the sync fails (and falls back to the object store).",
+    )
+
+
 class TrainerConfig(Section):
     iterations: int = Field(100, ge=1, description="Training iterations (rollout + update each).")
     tasks_per_iteration: int = Field(
@@ -422,6 +443,9 @@ class TrainerConfig(Section):
     )
     dynamic_sampling: DynamicSamplingConfig = Field(
         default_factory=DynamicSamplingConfig, description="Refill each batch with informative task groups."
+    )
+    weight_sync: WeightSyncConfig = Field(
+        default_factory=WeightSyncConfig, description="How new weights reach the samplers."
     )
 
     @model_validator(mode="after")

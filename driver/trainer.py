@@ -19,10 +19,11 @@ from ray.util.placement_group import remove_placement_group
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from agentgym_rl.actors.models import model_dir
-from agentgym_rl.actors.pools import PoolError, SamplerPool, completed, sampler_lost
+from agentgym_rl.actors.pools import PoolError, SamplerPool, completed, first_line, sampler_lost
 from agentgym_rl.actors.rundir import TRAINER_STATE, RunDir
 from agentgym_rl.actors.sampler import EpisodeRequest
 from agentgym_rl.actors.trajectory import Trajectory
+from agentgym_rl.actors.weight_sync import GroupAddress
 from agentgym_rl.configs import Config
 from agentgym_rl.configs.schema import MixEntry
 from agentgym_rl.driver.errors import LearnerLost, TrainError
@@ -76,6 +77,10 @@ class Trainer(ABC):
         self.policy_server = None  # the Serve model deployment's handle when serve.enabled
         self.learner_group: LearnerGroup | None = None
         self.learners: list[ray.actor.ActorHandle] = []
+        self.learner_device = "cpu"  # where the learners compute (``cpu`` or ``cuda``), from their description
+        self.weight_group_members: list[ray.actor.ActorHandle] | None = None  # the samplers of the weight group
+        self.payload: list[ray.ObjectRef] | None = None  # this version in the object store, once published
+        self.sync_bytes = 0  # the size of the last version sent
         self.slots: list[EnvSlot] = []  # each env's task draw and sampler pool, once the actors started
         self.horizons: list[int] = []  # each env's horizon for the episodes launched next (``_start_horizons``)
         # The driver's own instance: which task groups the learner would skip (dynamic sampling, metrics).
@@ -156,13 +161,16 @@ class Trainer(ABC):
         self.learner_group = start_learners(self.config, total_updates(self.config))
         self.learners = self.learner_group.actors
         self.learner = self.learners[0]  # the one that publishes weights
+        self.weight_group_members = None  # new learners: the next broadcast forms a new group
 
     def _describe_learner(self) -> dict:
         """Rank 0's description (algorithm, precision, parameters, ...) for the start-up log."""
         try:
-            return ray.get(self.learner.describe.remote())
+            described = ray.get(self.learner.describe.remote())
         except ray.exceptions.RayActorError as exc:
             raise self._learner_died("start-up", exc) from exc
+        self.learner_device = described["device"].partition(":")[0]
+        return described
 
     def _restore(self) -> None:
         checkpoint = self.run_dir.latest_checkpoint()
@@ -276,20 +284,46 @@ class Trainer(ABC):
         self.policy_server = None
 
     def _sync_weights(self, iteration: int | None = None) -> float:
-        """Publish the learner's weights to every sampler and the serving endpoint; returns the seconds it took
-        (0 where nobody reads them: offline mode without ``serve.enabled``)."""
+        """Send the learner's weights to every sampler and the serving endpoint (``trainer.weight_sync``);
+        returns the seconds it took (0 where nobody reads them: offline mode without ``serve.enabled``) and
+        leaves the bytes of the version in ``self.sync_bytes``."""
         if not self.slots and self.policy_server is None:
             return 0.0
         started = time.perf_counter()
-        try:
-            # Every learner takes part (ZeRO-3 gathers the parameters); rank 0 returns the reference.
-            payload_ref = ray.get([learner.publish_weights.remote() for learner in self.learners])[0]
-        except ray.exceptions.RayActorError as exc:
-            raise self._learner_died("the weight sync", exc) from exc
-        loads = {}
+        self.payload = None  # the object store's copy of this version is published when first needed
+        receivers = [(slot.pool, sampler) for slot in self.slots for sampler in slot.pool.samplers]
         for slot in self.slots:
-            slot.pool.weights = payload_ref  # what samplers that join later load
-            loads.update({s.load_weights.remote(payload_ref): (slot.pool, s) for s in slot.pool.samplers})
+            slot.pool.weights = self._payload_ref  # what samplers that join later load
+        if receivers and self.broadcasting:
+            self._broadcast_weights(receivers, iteration)
+        elif receivers:
+            self._load_from_object_store(receivers, iteration)
+        if self.policy_server is not None:
+            # The server swaps between generate batches.
+            self.policy_server.update_weights.remote(self._payload_ref(), iteration).result()
+        if self.payload is not None and not (receivers and self.broadcasting):
+            self.sync_bytes = ray.get(self.learner.last_published_bytes.remote())
+        return time.perf_counter() - started
+
+    @property
+    def broadcasting(self) -> bool:
+        """Whether versions reach the samplers by broadcast (``trainer.weight_sync.method``)."""
+        method = self.config.trainer.weight_sync.method
+        return method == "broadcast" or (method == "auto" and self.learner_device == "cuda")
+
+    def _payload_ref(self) -> list[ray.ObjectRef]:
+        """The current version in the object store (``[ref]``), put there by the learners on first need."""
+        if self.payload is None:
+            try:
+                # Every learner takes part (ZeRO-3 gathers the parameters); rank 0 returns the reference.
+                self.payload = ray.get([learner.publish_weights.remote() for learner in self.learners])[0]
+            except ray.exceptions.RayActorError as exc:
+                raise self._learner_died("the weight sync", exc) from exc
+        return self.payload
+
+    def _load_from_object_store(self, receivers: list[tuple[SamplerPool, ray.actor.ActorHandle]], iteration) -> None:
+        payload_ref = self._payload_ref()
+        loads = {sampler.load_weights.remote(payload_ref): (pool, sampler) for pool, sampler in receivers}
         versions = []
         for ref, (pool, sampler) in loads.items():
             try:
@@ -303,10 +337,55 @@ class Trainer(ABC):
                 pool.lose(sampler, iteration, exc)
         if versions:
             self.weights_version = versions[0]
-        if self.policy_server is not None:
-            # The same object-store ref the samplers read; the server swaps between generate batches.
-            self.policy_server.update_weights.remote(payload_ref, iteration).result()
-        return time.perf_counter() - started
+
+    def _broadcast_weights(self, receivers: list[tuple[SamplerPool, ray.actor.ActorHandle]], iteration) -> None:
+        """Broadcast this version from learner rank 0 to the samplers' engines, forming the weight group again
+        when the samplers changed; a failed broadcast (a sampler lost on the way, a timeout) is said in a
+        warning and this version goes through the object store instead."""
+        cfg = self.config.trainer.weight_sync
+        members = [sampler for _, sampler in receivers]
+        try:
+            if self.weight_group_members != members:
+                self.weight_group_members = None
+                self._form_weight_group(members)
+                self.weight_group_members = members
+            sends = [learner.broadcast_weights.remote(int(cfg.bucket_mb * 2**20)) for learner in self.learners]
+            receives = {sampler.receive_weights.remote(): (pool, sampler) for pool, sampler in receivers}
+            versions, failures = [], []
+            for ref, (pool, sampler) in receives.items():
+                try:
+                    versions.append(ray.get(ref))
+                except ray.exceptions.RayError as exc:
+                    failures.append(first_line(exc))
+                    if sampler_lost(exc):
+                        pool.lose(sampler, iteration, exc)
+            self.sync_bytes = ray.get(sends)[0]
+        except ray.exceptions.RayActorError as exc:
+            raise self._learner_died("the weight sync", exc) from exc
+        except ray.exceptions.RayTaskError as exc:  # the group did not form, or the sender's broadcast failed
+            failures = [first_line(exc)]
+        if failures:
+            self.weight_group_members = None  # formed again at the next sync
+            log.warning("weight broadcast failed; this version goes through the object store", reasons=failures)
+            live = [(pool, sampler) for pool, sampler in receivers if sampler in pool.samplers]
+            self._load_from_object_store(live, iteration)
+            self.sync_bytes = ray.get(self.learner.last_published_bytes.remote())
+            return
+        self.weights_version = versions[0]
+
+    def _form_weight_group(self, members: list[ray.actor.ActorHandle]) -> None:
+        """Form a weight group of learner rank 0 and ``members``' engines (each takes one rank or more)."""
+        cfg = self.config.trainer.weight_sync
+        adapter = self.config.learner.lora.enabled
+        ranks = ray.get([sampler.weight_group_ranks.remote(adapter) for sampler in members])
+        host, port = ray.get(self.learner.weight_group_address.remote())
+        backend = "nccl" if self.learner_device == "cuda" and self.config.sampler.num_gpus != 0 else "gloo"
+        address = GroupAddress(host, port, 1 + sum(ranks), backend, cfg.timeout_s)
+        firsts = [1 + sum(ranks[:i]) for i in range(len(members))]
+        joins = [self.learner.join_weight_group.remote(address)]
+        joins += [sampler.join_weight_group.remote(address, first, adapter) for sampler, first in zip(members, firsts)]
+        ray.get(joins)
+        log.info("weight group formed", members=address.world_size, backend=backend, address=f"{host}:{port}")
 
     def _rollout(self, iteration: int, progress: Progress | None) -> tuple[list[ray.ObjectRef], list[Trajectory]]:
         """Play this iteration's task groups; returns the trajectory refs and the trajectories, by group."""

@@ -14,6 +14,7 @@ import torch
 from agentgym_rl.actors.lora import load_policy, read_checked_adapter, write_base_model
 from agentgym_rl.actors.models import load_model, load_tokenizer, resolve_dtype
 from agentgym_rl.actors.trajectory import Trajectory
+from agentgym_rl.actors.weight_sync import GroupAddress, WeightGroup, free_address
 from agentgym_rl.actors.weights import WeightsPayload, pack_state_dict
 from agentgym_rl.configs.errors import AgentGymError
 from agentgym_rl.configs.schema import AlgorithmConfig, LearnerConfig, ModelConfig
@@ -106,6 +107,8 @@ class LearnerActor:
         self.device = learner_device(learner.device)
         return_large_frees_to_the_os()
         self.config = learner
+        self.published_bytes = 0
+        self.weight_group: WeightGroup | None = None  # joined when the run broadcasts its weights
         self.tokenizer = load_tokenizer(model.name)
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.algorithm = build_algorithm(algorithm.name, algorithm.model_extra or {})
@@ -410,16 +413,45 @@ class LearnerActor:
         with self.backend.gathered():
             if self.backend.rank != 0:
                 return []
-            return [ray.put(self.weights_payload())]
+            payload = self.weights_payload()
+            self.published_bytes = payload.num_bytes
+            return [ray.put(payload)]
 
     def weights_payload(self) -> WeightsPayload:
         """The current weights as samplers load them: the float32 master in the samplers' dtype, versioned. A
         LoRA policy publishes its adapter alone (samplers merge it into the base weights they hold)."""
+        tensors, lora_scale = self.published_tensors()
+        return pack_state_dict(tensors, self.version, dtype=self.publish_dtype, lora_scale=lora_scale)
+
+    def published_tensors(self) -> tuple[dict[str, torch.Tensor], float | None]:
+        """What a version publishes, on the learner's device: the full weights, or a LoRA policy's adapter
+        and its scale (None for full weights)."""
         if is_lora(self.policy):
-            return pack_state_dict(
-                adapter_state_dict(self.policy), self.version, dtype=self.publish_dtype, lora_scale=self.lora_scale
-            )
-        return pack_state_dict(self.policy_state_dict(), self.version, dtype=self.publish_dtype)
+            return adapter_state_dict(self.policy), self.lora_scale
+        return self.policy_state_dict(), None
+
+    def last_published_bytes(self) -> int:
+        """The size of the version ``publish_weights`` put in the object store last (0 before the first)."""
+        return self.published_bytes
+
+    def weight_group_address(self) -> tuple[str, int]:
+        """Where this learner (rank 0) hosts a weight group: its node's address and a port free there."""
+        return free_address()
+
+    def join_weight_group(self, address: GroupAddress) -> None:
+        """Join a weight group as its sender (rank 0); blocks until every receiver has joined."""
+        self.weight_group = WeightGroup(address, 0, self.device)
+
+    def broadcast_weights(self, bucket_bytes: int) -> int:
+        """Broadcast the current weights in the samplers' dtype to the weight group joined last; returns the
+        bytes sent (0 on ranks above 0). Every learner of a group calls it (ZeRO-3 gathers the parameters)."""
+        with self.backend.gathered():
+            if self.backend.rank != 0:
+                return 0
+            tensors, lora_scale = self.published_tensors()
+            cast = getattr(torch, self.publish_dtype)
+            tensors = {name: t.detach().to(cast) if t.is_floating_point() else t for name, t in tensors.items()}
+            return self.weight_group.send(tensors, self.version, lora_scale, bucket_bytes).num_bytes
 
     @property
     def lora_scale(self) -> float:

@@ -9,7 +9,8 @@ from typing import Literal
 
 import torch
 
-from agentgym_rl.actors.weights import WeightsPayload
+from agentgym_rl.actors.weight_sync import GroupAddress, WeightGroup
+from agentgym_rl.actors.weights import WeightsPayload, unpack_state_dict
 from agentgym_rl.configs.errors import AgentGymError
 from agentgym_rl.configs.schema import SamplingConfig
 
@@ -44,6 +45,7 @@ class Engine(abc.ABC):
 
     weights_version: int = 0
     stats: dict[str, int]
+    weight_group: WeightGroup | None = None  # the learner's broadcast group, once joined
 
     @abc.abstractmethod
     def generate(
@@ -73,9 +75,36 @@ class Engine(abc.ABC):
     def release(self, key: Hashable) -> None:
         """Forget what the engine keeps for episode ``key`` (it ended); unknown keys are ignored."""
 
-    @abc.abstractmethod
     def load_weights(self, payload: WeightsPayload) -> None:
-        """Replace the policy weights with ``payload`` and adopt its version."""
+        """Replace the policy weights with ``payload`` (from the object store) and adopt its version."""
+        self.load_tensors(unpack_state_dict(payload), payload.version, payload.lora_scale)
+
+    @abc.abstractmethod
+    def load_tensors(self, tensors: dict[str, torch.Tensor], version: int, lora_scale: float | None) -> None:
+        """Replace the policy weights with ``tensors`` (Hugging Face names) and adopt ``version``; with
+        ``lora_scale`` set they are LoRA adapter tensors (peft's names) to apply to the base weights."""
+
+    # ----------------------------------------------------------------------------- weight broadcast
+
+    def weight_group_ranks(self, adapter: bool) -> int:
+        """How many members of a weight group this engine takes (``adapter``: the run publishes adapters)."""
+        return 1
+
+    def join_weight_group(self, address: GroupAddress, rank: int, adapter: bool) -> None:
+        """Join a weight group as ``rank`` (and the ranks after it, up to ``weight_group_ranks``); blocks until
+        the group has formed."""
+        self.weight_group = WeightGroup(address, rank, self.weights_device)
+
+    def receive_weights(self) -> int:
+        """Receive the next version broadcast in the group joined last; returns the bytes received."""
+        header, tensors = self.weight_group.receive()
+        self.load_tensors(tensors, header.version, header.lora_scale)
+        return header.num_bytes
+
+    @property
+    def weights_device(self) -> torch.device:
+        """Where received weights land first (the engine's device; the CPU under gloo)."""
+        return torch.device("cpu")
 
     def close(self) -> None:
         """Free what the engine holds outside this process (vLLM's engine processes); unusable after."""

@@ -23,7 +23,6 @@ from agentgym_rl.actors.engines.kv_cache import CachedPrefix, EpisodeKVCache
 from agentgym_rl.actors.engines.sampling import SamplingParams, StopStrings
 from agentgym_rl.actors.lora import AdapterMerger, read_checked_adapter
 from agentgym_rl.actors.models import load_model, load_tokenizer
-from agentgym_rl.actors.weights import WeightsPayload, unpack_state_dict
 from agentgym_rl.configs.schema import SamplingConfig
 
 
@@ -149,18 +148,22 @@ class TransformersEngine(Engine):
             layers = [(layer.keys[row][:, columns], layer.values[row][:, columns]) for layer in cache.layers]
             self.kv_cache.store(key, CachedPrefix(ids=ids, layers=layers))
 
-    def load_weights(self, payload: WeightsPayload) -> None:
-        """Adopt ``payload``'s weights. On CPU the parameters become views of the payload's arrays in
-        the object store's shared memory (no copy): a load is nearly free and every sampler and server
-        on a node reads one copy of the weights. The arrays are read-only; inference never writes them.
-        An adapter payload is merged into the base weights this engine holds (see ``AdapterMerger``)."""
-        tensors = unpack_state_dict(payload)
-        if payload.lora_scale is not None:
-            self.merger.apply(tensors, payload.lora_scale)
+    def load_tensors(self, tensors: dict[str, torch.Tensor], version: int, lora_scale: float | None) -> None:
+        """Adopt ``tensors``. On CPU the parameters become the tensors themselves (no copy); for a payload
+        from the object store those view its arrays in shared memory, so a load is nearly free and every
+        sampler and server on a node reads one copy of the weights. The arrays are read-only; inference
+        never writes them. Adapter tensors are merged into the base weights this engine holds (see
+        ``AdapterMerger``)."""
+        if lora_scale is not None:
+            self.merger.apply(tensors, lora_scale)
         else:
             # Views need the payload in the model's own dtype; otherwise load_state_dict copies and casts.
             same_dtype = all(t.dtype == p.dtype for t, p in zip(tensors.values(), self.model.state_dict().values()))
             self.model.load_state_dict(tensors, strict=True, assign=self.device.type == "cpu" and same_dtype)
             self.merger = AdapterMerger(self.model)  # later adapters apply to these weights
         self.kv_cache.clear()  # cached keys/values were computed with the old weights
-        self.weights_version = payload.version
+        self.weights_version = version
+
+    @property
+    def weights_device(self) -> torch.device:
+        return self.device

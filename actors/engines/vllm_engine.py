@@ -39,7 +39,8 @@ from agentgym_rl.actors.engines.sampling import SamplingParams
 from agentgym_rl.actors.engines.serving import ChoiceDelta, CompletionRequest, ServingEngine, choice_seed
 from agentgym_rl.actors.lora import AdapterMerger, read_checked_adapter
 from agentgym_rl.actors.models import load_model, model_dir
-from agentgym_rl.actors.weights import WeightsPayload, unpack_state_dict
+from agentgym_rl.actors.weight_sync import GroupAddress
+from agentgym_rl.actors.weights import WeightsPayload
 from agentgym_rl.configs.schema import SamplingConfig
 
 WORKER_EXTENSION = "agentgym_rl.actors.engines.vllm_worker.WeightLoader"
@@ -143,6 +144,8 @@ class VLLMEngine(Engine):
         self._vllm = _import_vllm()
         self.model_name = model_name
         self.dtype = dtype
+        self.tensor_parallel_size = tensor_parallel_size
+        self.workers_receive = False  # a weight group's tensors go to vLLM's workers (full weights), not here
         self.merger: AdapterMerger | None = None
         model = str(model_dir(model_name))
         if self._vllm["on_cpu"]:
@@ -269,13 +272,39 @@ class VLLMEngine(Engine):
         # On the loop: vLLM's output handler is cancelled before it can see the engine core gone.
         self._llm.shutdown()
 
-    def load_weights(self, payload: WeightsPayload) -> None:
-        if payload.lora_scale is not None:
-            self._merge_and_load(unpack_state_dict(payload), payload.lora_scale)
+    def load_tensors(self, tensors: dict[str, torch.Tensor], version: int, lora_scale: float | None) -> None:
+        if lora_scale is not None:
+            self._merge_and_load(tensors, lora_scale)
         else:
-            self._run(self._load(unpack_state_dict(payload)))
+            self._run(self._load(tensors))
             self.merger = None  # a later adapter starts again from model_name's weights (a LoRA run sends none)
-        self.weights_version = payload.version
+        self.weights_version = version
+
+    def weight_group_ranks(self, adapter: bool) -> int:
+        """Full weights go straight into vLLM's workers, a member each; adapters come here to be merged."""
+        return 1 if adapter else self.tensor_parallel_size
+
+    def join_weight_group(self, address: GroupAddress, rank: int, adapter: bool) -> None:
+        self.workers_receive = not adapter
+        if adapter:
+            super().join_weight_group(address, rank, adapter)
+        else:
+            fields = (address.host, address.port, address.world_size, address.backend, address.timeout_s)
+            self._run(self._llm.collective_rpc("join_weight_group", args=(fields, rank)))
+
+    def receive_weights(self) -> int:
+        if not self.workers_receive:
+            return super().receive_weights()
+        version, received = self._run(self._receive_in_workers())
+        self.merger = None
+        self.weights_version = version
+        return received
+
+    async def _receive_in_workers(self) -> tuple[int, int]:
+        # Every worker returns (version, bytes); tensor-parallel workers each receive the whole version.
+        replies = await self._llm.collective_rpc("receive_broadcast_weights")
+        await self._llm.reset_prefix_cache()
+        return replies[0]
 
     def _merge_and_load(self, adapter: dict[str, torch.Tensor], scale: float) -> None:
         """Merge adapter tensors into the host copy of the base weights and load the result into vLLM."""

@@ -1,11 +1,13 @@
 """Methods vLLM mixes into its workers (``worker_extension_cls``), called through ``collective_rpc``.
 
-This module is imported inside vLLM's worker processes; it needs nothing but torch and vLLM there.
+This module is imported inside vLLM's worker processes; it needs torch, vLLM and ``actors.weight_sync`` there.
 """
 
 from __future__ import annotations
 
 import torch
+
+from agentgym_rl.actors.weight_sync import GroupAddress, WeightGroup
 
 
 class WeightLoader:
@@ -41,6 +43,23 @@ class WeightLoader:
         with set_current_vllm_config(self.vllm_config):
             self.model_runner.get_model().load_weights(weights=weights)
         return len(named)
+
+    def join_weight_group(self, address: list, first_rank: int) -> None:
+        """Join the learner's weight group (``GroupAddress`` fields, as vLLM's transport passes them) as
+        ``first_rank`` plus this worker's rank."""
+        self.weight_group = WeightGroup(GroupAddress(*address), first_rank + self.rank, self.device)
+
+    def receive_broadcast_weights(self) -> tuple[int, int]:
+        """Load the next version broadcast in the weight group, bucket by bucket; returns (version, bytes)."""
+        from vllm.config import set_current_vllm_config
+
+        header = self.weight_group.receive_header()
+        self.begin_loading_named_tensors()
+        for bucket in self.weight_group.receive_buckets(header):
+            with set_current_vllm_config(self.vllm_config):
+                self.model_runner.get_model().load_weights(weights=[(n, t.to(self.device)) for n, t in bucket])
+        self.finish_loading_named_tensors()
+        return header.version, header.num_bytes
 
     def finish_loading_named_tensors(self) -> None:
         from vllm.config import set_current_vllm_config

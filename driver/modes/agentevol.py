@@ -121,6 +121,7 @@ class AgentEvolTrainer(Trainer):
             **learner_metrics,
             "time/rollout_s": rollout_s,
             "time/sync_s": sync_s,
+            "sync/bytes": self.sync_bytes if sync_s else 0,
         }
         if self.test_tasks:
             record["eval/test_success_rate"] = self._evaluate(iteration, self.test_tasks)

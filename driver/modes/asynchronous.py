@@ -127,6 +127,7 @@ class AsyncTrainer(Trainer):
             "time/rollout_wait_s": rollout_wait_s,
             "time/update_wait_s": update_wait_s,
             "time/sync_s": sync_s,
+            "sync/bytes": self.sync_bytes if sync_s else 0,
             "time/iteration_s": rollout_wait_s + update_wait_s + sync_s,
         }
         return Step(record, trajectories, reports, {"dropped_stale": dropped, "failed": failed})

@@ -36,6 +36,7 @@ class SyncTrainer(Trainer):
             **learner_metrics,
             "time/rollout_s": rollout_s,
             "time/sync_s": sync_s,
+            "sync/bytes": self.sync_bytes if sync_s else 0,
             "time/iteration_s": time.perf_counter() - started,
         }
         return Step(record, trajectories, reports)

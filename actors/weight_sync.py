@@ -1,0 +1,192 @@
+"""Policy weights from learner rank 0 to the engines by collective broadcast (``trainer.weight_sync``).
+
+Learner rank 0 and every process that receives weights (a transformers engine's sampler, each of a vLLM
+engine's workers) form a process group of their own, apart from the learners' training group: NCCL when
+the weights live on GPUs, gloo otherwise. Rank 0 hosts the group's store at an address on its node.
+
+One version is a header and then the tensors. The header (JSON: version, adapter scale, each tensor's
+name, dtype and shape) is broadcast as its length and its bytes, so receivers need nothing from anyone
+else. The tensors follow in buckets: consecutive tensors are packed into one byte buffer until it holds
+``bucket_bytes`` (a larger tensor is a bucket of its own), and each buffer is one broadcast. Receivers
+rebuild every tensor from the header as a copy that owns its memory.
+
+The object store (``actors.weights``) stays the path for everything outside the group: serving
+replicas, samplers that join between syncs, runs whose learners and samplers are in different clusters.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+
+from agentgym_rl.configs.errors import AgentGymError
+
+
+class WeightGroupError(AgentGymError, RuntimeError):
+    """A weight group could not form or a broadcast failed (a member missing, a timeout)."""
+
+
+@dataclass(frozen=True)
+class GroupAddress:
+    """Where a weight group meets and who is in it: rank 0 hosts the store at ``host:port``."""
+
+    host: str
+    port: int
+    world_size: int
+    backend: Literal["gloo", "nccl"]
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def num_bytes(self) -> int:
+        numel = 1
+        for size in self.shape:
+            numel *= size
+        return numel * torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
+
+
+@dataclass(frozen=True)
+class Header:
+    """What receivers learn before the tensors: their version, adapter scale (None: full weights) and layout."""
+
+    version: int
+    lora_scale: float | None
+    tensors: tuple[TensorSpec, ...]
+    bucket_bytes: int
+
+    def to_bytes(self) -> bytes:
+        specs = [[t.name, t.dtype, list(t.shape)] for t in self.tensors]
+        record = {"version": self.version, "lora_scale": self.lora_scale, "tensors": specs, "bucket": self.bucket_bytes}
+        return json.dumps(record).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Header:
+        record = json.loads(data)
+        specs = tuple(TensorSpec(name, dtype, tuple(shape)) for name, dtype, shape in record["tensors"])
+        return cls(record["version"], record["lora_scale"], specs, record["bucket"])
+
+    def buckets(self) -> list[list[TensorSpec]]:
+        """The tensors in broadcast order, grouped as the sender packs them (both sides compute the same)."""
+        buckets: list[list[TensorSpec]] = []
+        size = self.bucket_bytes
+        for spec in self.tensors:
+            if size >= self.bucket_bytes:
+                buckets.append([])
+                size = 0
+            buckets[-1].append(spec)
+            size += spec.num_bytes
+        return buckets
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(t.num_bytes for t in self.tensors)
+
+
+def free_address() -> tuple[str, int]:
+    """This node's address (as Ray knows it, else loopback) and a TCP port free on it now."""
+    try:
+        import ray
+
+        host = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+    except ImportError:
+        host = "127.0.0.1"
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return host, sock.getsockname()[1]
+
+
+class WeightGroup:
+    """One member's end of a weight group; rank 0 sends, the others receive.
+
+    Joining blocks until every member has joined (or ``timeout_s`` passes). ``device`` is where this
+    member's buffers live: a CUDA device under NCCL, the CPU under gloo.
+
+    Raises:
+        WeightGroupError: the group did not form within its timeout.
+    """
+
+    def __init__(self, address: GroupAddress, rank: int, device: torch.device | str = "cpu") -> None:
+        self.address = address
+        self.rank = rank
+        self.device = torch.device(device) if address.backend == "nccl" else torch.device("cpu")
+        timeout = timedelta(seconds=address.timeout_s)
+        try:
+            self.store = dist.TCPStore(
+                address.host, address.port, address.world_size, rank == 0, timeout=timeout, wait_for_workers=False
+            )
+            if address.backend == "nccl":
+                options = dist.ProcessGroupNCCL.Options()
+                options._timeout = timeout
+                self.group = dist.ProcessGroupNCCL(self.store, rank, address.world_size, options)
+            else:
+                self.group = dist.ProcessGroupGloo(self.store, rank, address.world_size, timeout)
+        except (RuntimeError, dist.DistStoreError) as exc:
+            raise WeightGroupError(
+                f"weight group at {address.host}:{address.port} ({address.world_size} members, rank {rank}) did not "
+                f"form within {address.timeout_s:g} s: {exc}"
+            ) from exc
+
+    def _broadcast(self, tensor: torch.Tensor) -> None:
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        options.timeout = timedelta(seconds=self.address.timeout_s)
+        try:
+            self.group.broadcast([tensor], options).wait()
+        except RuntimeError as exc:
+            raise WeightGroupError(f"weight broadcast failed at rank {self.rank}: {exc}") from exc
+
+    def send(
+        self, tensors: dict[str, torch.Tensor], version: int, lora_scale: float | None, bucket_bytes: int
+    ) -> Header:
+        """Broadcast ``tensors`` (rank 0 only); returns the header sent."""
+        specs = tuple(
+            TensorSpec(name, str(t.dtype).removeprefix("torch."), tuple(t.shape)) for name, t in tensors.items()
+        )
+        header = Header(version, lora_scale, specs, bucket_bytes)
+        data = header.to_bytes()
+        self._broadcast(torch.tensor([len(data)], dtype=torch.int64, device=self.device))
+        self._broadcast(torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device))
+        for bucket in header.buckets():
+            parts = [
+                tensors[spec.name].detach().to(self.device).contiguous().reshape(-1).view(torch.uint8)
+                for spec in bucket
+            ]
+            self._broadcast(torch.cat(parts))
+        return header
+
+    def receive_header(self) -> Header:
+        length = torch.zeros(1, dtype=torch.int64, device=self.device)
+        self._broadcast(length)
+        data = torch.empty(int(length), dtype=torch.uint8, device=self.device)
+        self._broadcast(data)
+        return Header.from_bytes(data.cpu().numpy().tobytes())
+
+    def receive_buckets(self, header: Header) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """The header's tensors, one bucket at a time, as they arrive (each a copy that owns its memory)."""
+        for bucket in header.buckets():
+            buffer = torch.empty(sum(spec.num_bytes for spec in bucket), dtype=torch.uint8, device=self.device)
+            self._broadcast(buffer)
+            named, offset = [], 0
+            for spec in bucket:
+                piece = buffer[offset : offset + spec.num_bytes].clone()  # a fresh, aligned storage per tensor
+                named.append((spec.name, piece.view(getattr(torch, spec.dtype)).reshape(spec.shape)))
+                offset += spec.num_bytes
+            yield named
+
+    def receive(self) -> tuple[Header, dict[str, torch.Tensor]]:
+        """The next version's header and all its tensors."""
+        header = self.receive_header()
+        return header, {name: tensor for bucket in self.receive_buckets(header) for name, tensor in bucket}
