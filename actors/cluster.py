@@ -28,7 +28,8 @@ from typing import Any
 import ray
 from ray._private import ray_constants
 from ray._private import state as ray_state
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from ray.util.placement_group import PlacementGroup
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from agentgym_rl.configs import Config
 from agentgym_rl.configs.errors import AgentGymError
@@ -173,6 +174,32 @@ def sampler_request(config: SamplerConfig) -> dict[str, float]:
 def learner_request(config: LearnerConfig) -> dict[str, float]:
     """The resources one learner actor reserves."""
     return clean_request({"CPU": config.num_cpus, "GPU": actor_gpus(config.num_gpus), **config.resources})
+
+
+def colocated_bundle(config: Config) -> dict[str, float]:
+    """One bundle of a colocated run (``trainer.placement``): a learner and its sampler, sharing the learner's GPUs."""
+    learner, sampler = config.learner, config.sampler
+    return clean_request(
+        {
+            "CPU": learner.num_cpus + sampler.num_cpus,
+            "GPU": actor_gpus(learner.num_gpus),
+            **learner.resources,
+            **sampler.resources,
+        }
+    )
+
+
+@dataclass(frozen=True)
+class Colocation:
+    """The learners' placement group in a colocated run: bundle i holds learner i and sampler i, each
+    reserving ``gpus_each`` of the bundle's GPUs (half; Ray then shows both the same devices)."""
+
+    placement: PlacementGroup
+    count: int
+    gpus_each: float
+
+    def strategy(self, index: int) -> PlacementGroupSchedulingStrategy:
+        return PlacementGroupSchedulingStrategy(placement_group=self.placement, placement_group_bundle_index=index)
 
 
 def env_request(config: SamplerConfig) -> dict[str, float]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
+from collections import deque
 
 import structlog
 
@@ -30,3 +32,17 @@ def configure_logging(level: str = "info") -> None:
 
 def _print_to_current_stderr(*_args: object) -> structlog.PrintLogger:
     return structlog.PrintLogger(file=sys.stderr)
+
+
+class Timeline:
+    """An actor's latest events with their wall-clock times, newest last (the oldest drop out after ``keep``):
+    what happened when, comparable across the actors of a node."""
+
+    def __init__(self, keep: int = 64) -> None:
+        self.events: deque[tuple[float, str]] = deque(maxlen=keep)
+
+    def add(self, event: str) -> None:
+        self.events.append((time.time(), event))
+
+    def read(self) -> list[tuple[float, str]]:
+        return list(self.events)

@@ -27,6 +27,7 @@ import ray
 import structlog
 
 from agentgym_rl.actors.cluster import (
+    Colocation,
     actor_gpus,
     env_request,
     fit_count,
@@ -101,6 +102,9 @@ class SamplerPool:
         self.curriculum = self._new_curriculum()
         # The trainer's latest weights in the object store (``[ref]``, published on the call), for new samplers.
         self.weights: Callable[[], list[ray.ObjectRef]] | None = None
+        # Colocated mode: the learners' placement group, whose bundle i holds sampler i beside learner i.
+        self.bundles: Colocation | None = None
+        self.bundle_of: dict[ray.actor.ActorHandle, int] = {}
         self.calls: dict[ray.ObjectRef, Dispatch] = {}
         self.counters: dict[int | None, dict[str, float]] = defaultdict(lambda: defaultdict(float))
 
@@ -146,15 +150,21 @@ class SamplerPool:
         """Start a sampler per entry of ``env_actors`` (with that many env actors), wait for them, load the
         current weights, register them; returns those up."""
         cfg = self.config
-        sampler_cls = ray.remote(SamplerActor).options(
-            num_cpus=cfg.sampler.num_cpus,
-            num_gpus=actor_gpus(cfg.sampler.num_gpus),
-            resources=cfg.sampler.resources or None,
-            max_concurrency=1000,
-        )
+        sampler_cls = ray.remote(SamplerActor)
+        options = {
+            "num_cpus": cfg.sampler.num_cpus,
+            "num_gpus": actor_gpus(cfg.sampler.num_gpus) if self.bundles is None else self.bundles.gpus_each,
+            "resources": cfg.sampler.resources or None,
+            "max_concurrency": 1000,
+        }
         fresh = []
+        taken = {self.bundle_of[s] for s in self.samplers}
         for count in env_actors:
-            handle = sampler_cls.remote(
+            if self.bundles is not None:  # the lowest bundle without a live sampler
+                index = min(set(range(self.bundles.count)) - taken)
+                taken.add(index)
+                options["scheduling_strategy"] = self.bundles.strategy(index)
+            handle = sampler_cls.options(**options).remote(
                 index=self.next_index,
                 model=cfg.model,
                 sampler=cfg.sampler,
@@ -163,6 +173,8 @@ class SamplerPool:
                 env_actors=count,
             )
             self.indices[handle] = self.next_index
+            if self.bundles is not None:
+                self.bundle_of[handle] = index
             self.next_index += 1
             fresh.append(handle)
         probes = {s.state.remote(): s for s in fresh}
@@ -196,7 +208,10 @@ class SamplerPool:
         # Read once: what the steps below start is subtracted here as they go (Ray's report would lag).
         free = free_resources_per_node()
         missing = self.max_count - len(self.samplers)
-        room = sampler_room(free, self.config.sampler, missing) if missing > 0 else 0
+        if self.bundles is not None:  # a lost sampler's bundle still holds its share
+            room = max(missing, 0)
+        else:
+            room = sampler_room(free, self.config.sampler, missing) if missing > 0 else 0
         if room:
             counts["pool/samplers_added"] += len(self._spawn([self.config.sampler.envs_per_sampler] * room))
         wanted = sum(max(self.max_envs - self.env_counts[s], 0) for s in self.samplers)

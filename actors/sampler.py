@@ -25,6 +25,7 @@ import torch
 from agentgym_rl.actors.chat import ChatFormat
 from agentgym_rl.actors.cluster import env_request, has_room, start_env_actor
 from agentgym_rl.actors.engines import Generation, make_engine
+from agentgym_rl.actors.logs import Timeline
 from agentgym_rl.actors.models import load_tokenizer
 from agentgym_rl.actors.rollout import run_episode
 from agentgym_rl.actors.trajectory import Trajectory
@@ -97,6 +98,7 @@ class SamplerActor:
             adapter=model.adapter,
             vllm=sampler.vllm,
         )
+        self.events = Timeline()
         # Each episode attempt gets its own key: the engine keeps its keys/values between turns.
         self.episode_keys = itertools.count()
         count = sampler.envs_per_sampler if env_actors is None else env_actors
@@ -139,7 +141,25 @@ class SamplerActor:
         payload: WeightsPayload = await payload_ref[0]
         async with self.engine_lock:
             await asyncio.to_thread(self.engine.load_weights, payload)
+        self.events.add("weights loaded")
         return self.engine.weights_version
+
+    async def sleep(self) -> None:
+        """Let the engine give back its device memory until ``wake`` (colocated mode, while the learner trains)."""
+        self._ensure_loop_state()
+        async with self.engine_lock:
+            await asyncio.to_thread(self.engine.sleep)
+        self.events.add("asleep")
+
+    async def wake(self) -> None:
+        self._ensure_loop_state()
+        async with self.engine_lock:
+            await asyncio.to_thread(self.engine.wake)
+        self.events.add("awake")
+
+    async def timeline(self) -> list[tuple[float, str]]:
+        """The latest events with their wall-clock times: ``asleep``, ``awake``, ``weights loaded``."""
+        return self.events.read()
 
     async def weight_group_ranks(self, adapter: bool) -> int:
         """Members of a weight group this sampler's engine takes (see ``Engine.weight_group_ranks``)."""
@@ -154,6 +174,7 @@ class SamplerActor:
         self._ensure_loop_state()
         async with self.engine_lock:
             await asyncio.to_thread(self.engine.receive_weights)
+        self.events.add("weights loaded")
         return self.engine.weights_version
 
     async def state(self) -> dict:

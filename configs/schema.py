@@ -85,6 +85,13 @@ class VLLMConfig(Section):
         "the model's own limit.",
     )
 
+    enable_sleep_mode: bool = Field(
+        False,
+        description="Let the engine sleep (give back its GPU memory: weights to host memory, key/value cache "
+        "dropped) while the learner trains, and wake for the next rollout; `trainer.placement: colocated` "
+        "needs it. vLLM's CPU build has no sleep mode: there the engine sleeps and wakes without freeing anything.",
+    )
+
     def check_fits(self, section: str, num_gpus: float | None, longest: int) -> None:
         """Raise ValueError naming the key when these settings do not fit the actor's GPUs or longest sequence."""
         gpus = num_gpus if num_gpus is not None else 1.0
@@ -447,6 +454,16 @@ class TrainerConfig(Section):
     weight_sync: WeightSyncConfig = Field(
         default_factory=WeightSyncConfig, description="How new weights reach the samplers."
     )
+    placement: Literal["disaggregated", "colocated"] = Field(
+        "disaggregated",
+        description="`disaggregated`: learners and samplers hold resources of their own (samplers generate "
+        "while nothing else needs their GPUs); `colocated`: learner i and sampler i share one placement bundle "
+        "(`learner.num_cpus` + `sampler.num_cpus` CPUs and the learner's `learner.num_gpus` GPUs, half of them "
+        "reserved by each), the samplers sleep while the learners train, and the learners keep their optimizer "
+        "state in host memory while the samplers generate. Needs `trainer.mode: sync`, one env, "
+        "`sampler.count` = `learner.count` (no `sampler.max_count`), and with the vLLM engine "
+        "`sampler.vllm.enable_sleep_mode: true`.",
+    )
 
     @model_validator(mode="after")
     def _dynamic_sampling_fits_mode(self) -> TrainerConfig:
@@ -716,6 +733,30 @@ class Config(Section):
                 f"trainer.tasks_per_iteration={self.trainer.tasks_per_iteration} is below the {len(self.envs)} envs "
                 f"of envs (each env plays at least one task per iteration); raise it to {len(self.envs)} or more"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _colocation_fits(self) -> Config:
+        if self.trainer.placement != "colocated":
+            return self
+        sampler, count = self.sampler, self.learner.count
+        problems = []
+        if self.trainer.mode != "sync":
+            problems.append(f"trainer.mode=sync (got {self.trainer.mode!r})")
+        if self.envs:
+            problems.append("one env (envs is set)")
+        if sampler.count != count:
+            problems.append(f"sampler.count = learner.count = {count} (got sampler.count={sampler.count})")
+        if sampler.max_count not in (None, sampler.count):
+            problems.append(f"no pool growth: sampler.max_count unset (got {sampler.max_count})")
+        if sampler.num_gpus is not None:
+            problems.append(f"sampler.num_gpus unset: samplers share their learner's GPUs (got {sampler.num_gpus})")
+        if self.trainer.on_learner_failure != "fail":
+            problems.append("trainer.on_learner_failure=fail (new learners would not find their samplers' bundles)")
+        if sampler.engine == "vllm" and not sampler.vllm.enable_sleep_mode:
+            problems.append("sampler.vllm.enable_sleep_mode=true")
+        if problems:
+            raise ValueError(f"trainer.placement=colocated needs {'; '.join(problems)}")
         return self
 
     @model_validator(mode="after")

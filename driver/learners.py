@@ -1,6 +1,7 @@
 """Starting the learner actors of a run: one, or a DeepSpeed group, in one placement group.
 
-Each learner gets a bundle of ``learner.num_cpus`` CPUs, ``learner.num_gpus`` GPUs and ``learner.resources``;
+Each learner gets a bundle of ``learner.num_cpus`` CPUs, ``learner.num_gpus`` GPUs and ``learner.resources``
+(in colocated mode the bundle also holds its sampler's CPUs and resources, and the two share its GPUs);
 the bundles are packed onto as few nodes as fit and spread over more when they do not. The process group
 meets at rank 0's node: a task in rank 0's bundle reports that node's address and a port free there, and
 every rank joins it. Each learner sees only the GPU it reserved (Ray sets ``CUDA_VISIBLE_DEVICES`` per
@@ -16,7 +17,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from agentgym_rl.actors.cluster import ClusterError, learner_request
+from agentgym_rl.actors.cluster import ClusterError, Colocation, colocated_bundle, learner_request
 from agentgym_rl.configs import Config
 from agentgym_rl.learner.actor import LearnerActor
 
@@ -31,6 +32,7 @@ class LearnerGroup:
     actors: list[ray.actor.ActorHandle]
     placement: PlacementGroup
     master_addr: str
+    colocation: Colocation | None = None  # colocated mode: the bundles' sampler shares
 
     def stop(self) -> None:
         """Kill the learners and give their bundles back."""
@@ -47,15 +49,19 @@ def start_learners(config: Config, total_updates: int) -> LearnerGroup:
         ClusterError: the bundles found no room within ``PLACEMENT_TIMEOUT_S``.
     """
     cfg = config.learner
-    bundle = learner_request(cfg)  # never empty: learner.num_cpus > 0
+    colocated = config.trainer.placement == "colocated"
+    bundle = colocated_bundle(config) if colocated else learner_request(cfg)  # never empty: learner.num_cpus > 0
     group = placement_group([bundle] * cfg.count, strategy="PACK")
     ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
     if not ready:
         remove_placement_group(group)
         raise ClusterError(
             f"the {cfg.count} learner bundle(s) of {bundle} found no room within {PLACEMENT_TIMEOUT_S:g} s "
-            "(learner.count, learner.num_cpus, learner.num_gpus, learner.resources)"
+            "(learner.count, learner.num_cpus, learner.num_gpus, learner.resources"
+            f"{'; colocated: sampler.num_cpus, sampler.resources' if colocated else ''})"
         )
+    gpus = bundle.get("GPU", 0.0)
+    colocation = Colocation(group, cfg.count, gpus / 2) if colocated else None
     master_addr, master_port = "127.0.0.1", 0
     if cfg.backend == "deepspeed":
         in_rank0 = PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=0)
@@ -63,9 +69,9 @@ def start_learners(config: Config, total_updates: int) -> LearnerGroup:
     actors = [
         ray.remote(LearnerActor)
         .options(
-            num_cpus=bundle.get("CPU", 0.0),
-            num_gpus=bundle.get("GPU", 0.0),
-            resources={k: v for k, v in bundle.items() if k not in ("CPU", "GPU")} or None,
+            num_cpus=cfg.num_cpus,
+            num_gpus=colocation.gpus_each if colocation else gpus,
+            resources=cfg.resources or None,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=group, placement_group_bundle_index=rank
             ),
@@ -81,10 +87,11 @@ def start_learners(config: Config, total_updates: int) -> LearnerGroup:
             world_size=cfg.count,
             master_addr=master_addr,
             master_port=master_port,
+            offload_optimizer=colocated,
         )
         for rank in range(cfg.count)
     ]
-    return LearnerGroup(actors, group, master_addr)
+    return LearnerGroup(actors, group, master_addr, colocation)
 
 
 @ray.remote(num_cpus=0)

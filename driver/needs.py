@@ -6,6 +6,7 @@ from agentgym_rl.actors.cluster import (
     ActorNeed,
     PoolNeed,
     clean_request,
+    colocated_bundle,
     env_request,
     learner_request,
     node_capacities,
@@ -22,13 +23,21 @@ def run_needs(config: Config) -> tuple[list[ActorNeed], list[PoolNeed]]:
     pool (``sampler.min_count`` samplers with ``sampler.min_envs_per_sampler`` env actors each; offline
     mode has none)."""
     cfg = config
-    fixed = [
-        ActorNeed(
+    colocated = cfg.trainer.placement == "colocated"
+    if colocated:
+        learners = ActorNeed(
+            "learner(s) with their colocated sampler (learner.count, learner.num_cpus + sampler.num_cpus, "
+            "learner.num_gpus, learner.resources + sampler.resources)",
+            colocated_bundle(cfg),
+            cfg.learner.count,
+        )
+    else:
+        learners = ActorNeed(
             "learner(s) (learner.count, learner.num_cpus, learner.num_gpus, learner.resources)",
             learner_request(cfg.learner),
             cfg.learner.count,
         )
-    ]
+    fixed = [learners]
     if cfg.serve.enabled:
         from agentgym_rl.serve.app import replica_gpus  # Ray Serve is imported only by runs that serve
 
@@ -40,14 +49,15 @@ def run_needs(config: Config) -> tuple[list[ActorNeed], list[PoolNeed]]:
         )
     if cfg.trainer.mode == "offline":
         return fixed, []
-    return fixed, [pool_need(entry.name, cfg.sampler) for entry in mix_entries(cfg)]
+    return fixed, [pool_need(entry.name, cfg.sampler, colocated) for entry in mix_entries(cfg)]
 
 
-def pool_need(env: str, sampler: SamplerConfig) -> PoolNeed:
-    """The sampler pool of ``env`` under the ``sampler`` settings: its least and wanted sizes."""
+def pool_need(env: str, sampler: SamplerConfig, colocated: bool = False) -> PoolNeed:
+    """The sampler pool of ``env`` under the ``sampler`` settings: its least and wanted sizes (colocated
+    samplers live in the learners' bundles and need nothing more)."""
     return PoolNeed(
         env=env,
-        sampler=sampler_request(sampler),
+        sampler={} if colocated else sampler_request(sampler),
         env_actor=env_request(sampler),
         min_count=sampler.min_count,
         count=sampler.count,

@@ -135,6 +135,7 @@ class Trainer(ABC):
         plans = plan_run(cfg)
         self._start_learners()
         for slot, plan in zip(self.slots, plans, strict=True):
+            slot.pool.bundles = self.learner_group.colocation  # colocated mode: sampler i in learner i's bundle
             try:
                 slot.pool.start(plan)
             except PoolError as exc:
@@ -521,8 +522,29 @@ class Trainer(ABC):
         return reports, keys
 
     def _update(self, refs: list[ray.ObjectRef]) -> dict:
-        """Train every learner on ``refs``; returns rank 0's metrics (see ``_finish_update``)."""
-        return self._finish_update(self._start_update(refs))
+        """Train every learner on ``refs``; returns rank 0's metrics (see ``_finish_update``). In colocated mode
+        the samplers sleep meanwhile (the learners bring their optimizer state in and out themselves)."""
+        if self.config.trainer.placement != "colocated":
+            return self._finish_update(self._start_update(refs))
+        slept = self._tell_samplers("sleep")
+        try:
+            metrics = self._finish_update(self._start_update(refs))
+        finally:
+            woke = self._tell_samplers("wake")
+        return {**metrics, "time/sleep_s": slept, "time/wake_s": woke}
+
+    def _tell_samplers(self, method: str) -> float:
+        """Call ``method`` on every live sampler and wait (a lost sampler is dropped); returns the seconds."""
+        started = time.perf_counter()
+        calls = {getattr(s, method).remote(): (slot.pool, s) for slot in self.slots for s in slot.pool.samplers}
+        for ref, (pool, sampler) in calls.items():
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError as exc:
+                if not sampler_lost(exc):
+                    raise
+                pool.lose(sampler, None, exc)
+        return time.perf_counter() - started
 
     def _start_update(self, refs: list[ray.ObjectRef]) -> list[ray.ObjectRef]:
         """Start every learner's update on ``refs``; returns the calls for ``_finish_update``."""

@@ -11,6 +11,7 @@ import ray
 import structlog
 import torch
 
+from agentgym_rl.actors.logs import Timeline
 from agentgym_rl.actors.lora import load_policy, read_checked_adapter, write_base_model
 from agentgym_rl.actors.models import load_model, load_tokenizer, resolve_dtype
 from agentgym_rl.actors.trajectory import Trajectory
@@ -100,6 +101,7 @@ class LearnerActor:
         world_size: int = 1,
         master_addr: str = "127.0.0.1",
         master_port: int = 0,
+        offload_optimizer: bool = False,
     ) -> None:
         hide_unreserved_gpus()
         torch.set_num_threads(learner.num_threads or os.cpu_count() or 1)
@@ -108,6 +110,8 @@ class LearnerActor:
         return_large_frees_to_the_os()
         self.config = learner
         self.published_bytes = 0
+        self.offload_optimizer = offload_optimizer
+        self.events = Timeline()
         self.weight_group: WeightGroup | None = None  # joined when the run broadcasts its weights
         self.tokenizer = load_tokenizer(model.name)
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -277,7 +281,31 @@ class LearnerActor:
         return self.update_batch(ray.get(trajectory_refs))
 
     def update_batch(self, trajectories: list[Trajectory]) -> dict[str, float]:
-        """One iteration of optimisation (``epochs`` x ``minibatches`` steps); returns metrics."""
+        """One iteration of optimisation (``epochs`` x ``minibatches`` steps); returns metrics. With
+        ``offload_optimizer`` the optimizer state comes to the device for it and goes back to host memory after."""
+        if not self.offload_optimizer:
+            return self._optimise(trajectories)
+        self._move_optimizer_state(self.device, "optimizer state on the device")
+        try:
+            return self._optimise(trajectories)
+        finally:
+            self._move_optimizer_state(torch.device("cpu"), "optimizer state offloaded")
+
+    def _move_optimizer_state(self, device: torch.device, event: str) -> None:
+        moved = self.backend.move_optimizer_state(device)
+        if device.type == "cuda" or self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            if device.type == "cpu":
+                torch.cuda.empty_cache()  # the freed memory goes back to the samplers sharing the GPU
+        self.events.add(event)
+        log.debug(event, bytes=moved)
+
+    def timeline(self) -> list[tuple[float, str]]:
+        """The latest updates' events with their wall-clock times: ``update``, and with ``offload_optimizer``
+        when the optimizer state came and went."""
+        return self.events.read()
+
+    def _optimise(self, trajectories: list[Trajectory]) -> dict[str, float]:
         started = time.perf_counter()
         received = len(trajectories)
         trajectories = self.algorithm.select_trajectories(trajectories)
@@ -303,6 +331,7 @@ class LearnerActor:
             for minibatch in order.tensor_split(min(self.config.minibatches, len(units))):
                 step_metrics.append(self._step(batch, torch.cat([units[i] for i in minibatch.tolist()])))
         self.version += 1
+        self.events.add("update")
         for key in step_metrics[0]:
             metrics[key] = sum(m[key] for m in step_metrics) / len(step_metrics)
         metrics["learner/optimizer_steps"] = float(len(step_metrics))
@@ -506,4 +535,6 @@ class LearnerActor:
         self.version = state["version"]
         torch.set_rng_state(state["torch_rng"].cpu())
         self.shuffle.set_state(state["shuffle_rng"].cpu())
+        if self.offload_optimizer:
+            self._move_optimizer_state(torch.device("cpu"), "optimizer state offloaded")
         return self.version

@@ -74,6 +74,19 @@ class TorchBackend:
         """Sum each metric over learners (each learner's values are already weighted by its share)."""
         return metrics
 
+    def move_optimizer_state(self, device: torch.device) -> int:
+        """Move the optimizer's state tensors (Adam's moments, ...) to ``device``; returns their bytes. Step
+        counters stay where the optimizer keeps them. Under DeepSpeed this is the state of the optimizer
+        inside its ZeRO wrapper, the moments of this learner's partition."""
+        inner = getattr(self.optimizer, "optimizer", self.optimizer)
+        moved = 0
+        for state in inner.state.values():
+            for key, value in state.items():
+                if torch.is_tensor(value) and key != "step":
+                    state[key] = value.to(device, non_blocking=True)
+                    moved += value.numel() * value.element_size()
+        return moved
+
     def save(self, folder: Path) -> dict:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
 

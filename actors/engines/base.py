@@ -84,6 +84,13 @@ class Engine(abc.ABC):
         """Replace the policy weights with ``tensors`` (Hugging Face names) and adopt ``version``; with
         ``lora_scale`` set they are LoRA adapter tensors (peft's names) to apply to the base weights."""
 
+    def sleep(self) -> None:
+        """Give back what the engine holds on its device while another actor (a colocated learner) uses it;
+        ``wake`` takes it again. The weights and their version survive; cached keys/values do not."""
+
+    def wake(self) -> None:
+        """Undo ``sleep`` before the next generation."""
+
     # ----------------------------------------------------------------------------- weight broadcast
 
     def weight_group_ranks(self, adapter: bool) -> int:

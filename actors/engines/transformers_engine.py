@@ -167,3 +167,13 @@ class TransformersEngine(Engine):
     @property
     def weights_device(self) -> torch.device:
         return self.device
+
+    def sleep(self) -> None:
+        """Drop the cached keys/values; on a GPU also move the weights to host memory."""
+        self.kv_cache.clear()
+        if self.device.type == "cuda":
+            self.model.to("cpu")
+            torch.cuda.empty_cache()
+
+    def wake(self) -> None:
+        self.model.to(self.device)

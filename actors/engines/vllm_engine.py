@@ -140,6 +140,7 @@ class VLLMEngine(Engine):
         max_model_len: int | None = None,
         max_num_seqs: int | None = None,
         adapter: str | None = None,
+        enable_sleep_mode: bool = False,
     ) -> None:
         self._vllm = _import_vllm()
         self.model_name = model_name
@@ -168,6 +169,8 @@ class VLLMEngine(Engine):
             max_model_len=max_model_len,
             logprobs_mode="processed_logprobs",
             worker_extension_cls=WORKER_EXTENSION,
+            # vLLM's CPU build refuses the setting; its workers' sleep and wake do nothing.
+            enable_sleep_mode=enable_sleep_mode and not self._vllm["on_cpu"],
             **({} if max_num_seqs is None else {"max_num_seqs": max_num_seqs}),
             **(_cpu_args() if self._vllm["on_cpu"] else {}),
         )
@@ -279,6 +282,14 @@ class VLLMEngine(Engine):
             self._run(self._load(tensors))
             self.merger = None  # a later adapter starts again from model_name's weights (a LoRA run sends none)
         self.weights_version = version
+
+    def sleep(self) -> None:
+        """vLLM's level-1 sleep: weights to host memory, the key/value cache freed (needs ``enable_sleep_mode``
+        on GPUs)."""
+        self._run(self._llm.sleep(level=1))
+
+    def wake(self) -> None:
+        self._run(self._llm.wake_up())
 
     def weight_group_ranks(self, adapter: bool) -> int:
         """Full weights go straight into vLLM's workers, a member each; adapters come here to be merged."""

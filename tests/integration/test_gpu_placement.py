@@ -98,3 +98,51 @@ def test_an_actor_without_a_gpu_reservation_sees_no_gpu():
     # on the CPU (learner.device auto).
     assert found["learner with one GPU"] in {str(i) for i in range(8)}
     assert found["its device"] == "cpu"
+
+
+def test_colocated_mode_fits_8_learners_and_8_samplers_in_8_bundles_sharing_each_gpu():
+    found = run(
+        """
+        from agentgym_rl.actors.cluster import ClusterError
+        from agentgym_rl.actors.pools import SamplerPool
+        from agentgym_rl.driver.learners import start_learners
+        from agentgym_rl.driver.needs import plan_run
+
+        def run_config(placement, count):
+            return config(
+                trainer={"placement": placement},
+                learner={"backend": "deepspeed", "count": count, "num_cpus": 1},
+                sampler={"count": count, "envs_per_sampler": 1, "min_envs_per_sampler": 1, "num_cpus": 0.5,
+                         "env_num_cpus": 0.1},
+            )
+
+        out = {"colocated": plan_run(run_config("colocated", 8))}
+        try:
+            out["disaggregated"] = plan_run(run_config("disaggregated", 8))
+        except ClusterError as exc:
+            out["disaggregated"] = str(exc)
+
+        # One learner and its sampler really started: one bundle, the same GPU for both.
+        cfg = config(trainer={"placement": "colocated"}, learner={"num_cpus": 1},
+                     sampler={"envs_per_sampler": 1, "num_cpus": 0.5, "env_num_cpus": 0.1})
+        group = start_learners(cfg, total_updates=1)
+        pool = SamplerPool(cfg)
+        pool.bundles = group.colocation
+        pool.start([1])
+        def visible(actor):
+            return ray.get(actor.__ray_call__.remote(lambda self: os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")))
+        table = ray.util.placement_group_table(group.placement)
+        out["bundle"] = table["bundles"][0]
+        out["learner sees"], out["sampler sees"] = visible(group.actors[0]), visible(pool.samplers[0])
+        out["gpus free"] = ray.available_resources().get("GPU", 0)
+        print(json.dumps(out))
+        """
+    )
+    assert found["colocated"] == [[1] * 8]  # 8 samplers planned, each with its env actor
+    assert (
+        "8 learner(s) (learner.count, learner.num_cpus, learner.num_gpus, learner.resources) x {CPU: 1, GPU: 1}"
+        in (found["disaggregated"])
+    )
+    assert found["bundle"] == {"CPU": 1.5, "GPU": 1.0}
+    assert found["learner sees"] == found["sampler sees"] and found["learner sees"] in {str(i) for i in range(8)}
+    assert found["gpus free"] == 7  # the pair holds one GPU between them

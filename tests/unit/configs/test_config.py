@@ -124,3 +124,31 @@ def test_nothing_is_dropped_without_a_switch_to_a_known_algorithm(overrides):
 def test_without_algorithm_keys_the_loader_drops_nothing():
     config = load_config(None, ["algorithm.name=sft"])
     assert {"clip_eps", "kl_coef", "entropy_coef"} <= set(config.algorithm.model_extra)
+
+
+def test_colocated_placement_names_every_setting_it_needs():
+    with pytest.raises(ConfigError) as caught:
+        load_config(
+            None,
+            [
+                "trainer.placement=colocated",
+                "trainer.mode=async",
+                "sampler.count=2",
+                "sampler.max_count=3",
+                "sampler.num_gpus=1",
+                "sampler.engine=vllm",
+            ],
+        )
+    message = str(caught.value)
+    for needed in (
+        "trainer.mode=sync (got 'async')",
+        "sampler.count = learner.count = 1 (got sampler.count=2)",
+        "sampler.max_count unset (got 3)",
+        "sampler.num_gpus unset",
+        "sampler.vllm.enable_sleep_mode=true",
+    ):
+        assert needed in message, needed
+    fitting = load_config(
+        None, ["trainer.placement=colocated", "learner.count=2", "learner.backend=deepspeed", "sampler.count=2"]
+    )
+    assert fitting.trainer.placement == "colocated"

@@ -68,6 +68,24 @@ def test_policy_optimizer_state_and_micro_batches_live_on_the_learner_device(dev
     assert payload.version == 1 and all(isinstance(array, np.ndarray) for array in payload.arrays.values())
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="moving the optimizer state off the GPU needs a CUDA GPU")
+def test_an_offloading_learner_keeps_its_optimizer_state_in_host_memory_between_updates():
+    learner = learner_on("cuda")
+    learner.offload_optimizer = True  # what colocated mode sets
+    for seed in range(2):  # the second update steps with the moments the first one sent to host memory
+        metrics = learner.update_batch(batch_of(seed=seed))
+        assert metrics["learner/optimizer_steps"] == 1 and metrics["learner/grad_norm"] > 0
+    moments = [v for s in learner.optimizer.state.values() for k, v in s.items() if k != "step"]
+    assert moments and {t.device.type for t in moments} == {"cpu"}
+    assert {p.device.type for p in learner.policy.parameters()} == {"cuda"}
+    assert [name for _, name in learner.timeline()][-3:] == [
+        "optimizer state on the device",
+        "update",
+        "optimizer state offloaded",
+    ]
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
 def test_cuda_without_a_visible_gpu_is_refused_naming_the_fix():
     with pytest.raises(LearnerDeviceError, match="learner.device='cuda' but this learner sees no CUDA GPU"):
