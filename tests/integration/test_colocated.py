@@ -8,9 +8,8 @@ import json
 import pytest
 import ray
 
-from agentgym_rl.actors.rundir import RunDir
-from agentgym_rl.configs import load_config
 from agentgym_rl.driver.modes.sync import SyncTrainer
+from agentgym_rl.driver.run import prepare_run
 from tests.factories import RECIPE
 from tests.integration.test_cluster import TINY
 from tests.unit.actors.test_engine import ENGINES
@@ -36,9 +35,7 @@ def test_samplers_sleep_through_the_update_and_the_optimizer_state_leaves_while_
         f"run.dir={tmp_path}",
         "run.name=colocated",
     ]
-    config = load_config(RECIPE, settings)
-    run_dir = RunDir(tmp_path / "colocated")
-    run_dir.create(config)
+    config, run_dir = prepare_run(RECIPE, settings, None)
     trainer = SyncTrainer(config, run_dir)
     try:
         trainer.run()

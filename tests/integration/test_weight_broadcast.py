@@ -6,9 +6,8 @@ import json
 
 import ray
 
-from agentgym_rl.actors.rundir import RunDir
-from agentgym_rl.configs import load_config
 from agentgym_rl.driver.modes.sync import SyncTrainer
+from agentgym_rl.driver.run import prepare_run
 from tests.factories import RECIPE
 from tests.integration.test_cluster import TINY
 
@@ -26,9 +25,7 @@ def test_a_broadcast_run_keeps_every_sampler_on_the_learners_version(ray_local, 
         f"run.dir={tmp_path}",
         "run.name=broadcast",
     ]
-    config = load_config(RECIPE, settings)
-    run_dir = RunDir(tmp_path / "broadcast")
-    run_dir.create(config)
+    config, run_dir = prepare_run(RECIPE, settings, None)
     trainer = SyncTrainer(config, run_dir)
     try:
         trainer.run()
