@@ -39,13 +39,15 @@ from agentgym_rl.actors.engines.sampling import SamplingParams
 from agentgym_rl.actors.engines.serving import ChoiceDelta, CompletionRequest, ServingEngine, choice_seed
 from agentgym_rl.actors.lora import AdapterMerger, read_checked_adapter
 from agentgym_rl.actors.models import load_model, model_dir
-from agentgym_rl.actors.weight_sync import GroupAddress
+from agentgym_rl.actors.weight_sync import GroupAddress, WeightGroup, free_address
 from agentgym_rl.actors.weights import WeightsPayload
 from agentgym_rl.configs.schema import SamplingConfig
 
 WORKER_EXTENSION = "agentgym_rl.actors.engines.vllm_worker.WeightLoader"
-# collective_rpc messages are serialised; weights travel in chunks of about this many bytes.
-WEIGHT_CHUNK_BYTES = 256 * 1024 * 1024
+# Weights go to vLLM's workers over a weight group (``actors.weight_sync``) in buckets of about this many bytes.
+WEIGHT_BUCKET_BYTES = 256 * 1024 * 1024
+# The workers' weight groups: the learner's (broadcast mode) and this engine's own, for object-store loads.
+LEARNER, LOCAL = "learner", "local"
 SEED_BOUND = 2**31 - 1
 CPU_KV_CACHE_BYTES = 1024**3
 
@@ -147,6 +149,7 @@ class VLLMEngine(Engine):
         self.dtype = dtype
         self.tensor_parallel_size = tensor_parallel_size
         self.workers_receive = False  # a weight group's tensors go to vLLM's workers (full weights), not here
+        self.local_group: WeightGroup | None = None  # this process and the workers, for object-store loads
         self.merger: AdapterMerger | None = None
         model = str(model_dir(model_name))
         if self._vllm["on_cpu"]:
@@ -279,7 +282,7 @@ class VLLMEngine(Engine):
         if lora_scale is not None:
             self._merge_and_load(tensors, lora_scale)
         else:
-            self._run(self._load(tensors))
+            self._load(tensors)
             self.merger = None  # a later adapter starts again from model_name's weights (a LoRA run sends none)
         self.weights_version = version
 
@@ -300,21 +303,20 @@ class VLLMEngine(Engine):
         if adapter:
             super().join_weight_group(address, rank, adapter)
         else:
-            fields = (address.host, address.port, address.world_size, address.backend, address.timeout_s)
-            self._run(self._llm.collective_rpc("join_weight_group", args=(fields, rank)))
+            self._run(self._llm.collective_rpc("join_weight_group", args=(address_fields(address), rank, LEARNER)))
 
     def receive_weights(self) -> int:
         if not self.workers_receive:
             return super().receive_weights()
-        version, received = self._run(self._receive_in_workers())
+        version, received = self._run(self._receive_in_workers(LEARNER))
         self.merger = None
         self.weights_version = version
         return received
 
-    async def _receive_in_workers(self) -> tuple[int, int]:
+    async def _receive_in_workers(self, group: str) -> tuple[int, int]:
         # Every worker returns (version, bytes); tensor-parallel workers each receive the whole version.
-        replies = await self._llm.collective_rpc("receive_broadcast_weights")
-        await self._llm.reset_prefix_cache()
+        replies = await self._llm.collective_rpc("receive_broadcast_weights", args=(group,))
+        await self._llm.reset_prefix_cache()  # cached prefixes hold keys/values of the old weights
         return replies[0]
 
     def _merge_and_load(self, adapter: dict[str, torch.Tensor], scale: float) -> None:
@@ -322,31 +324,26 @@ class VLLMEngine(Engine):
         if self.merger is None:
             self.merger = AdapterMerger(load_model(self.model_name, self.dtype))
         self.merger.apply(adapter, scale)
-        self._run(self._load(self.merger.model.state_dict()))
+        self._load(self.merger.model.state_dict())
 
-    async def _load(self, tensors: dict[str, torch.Tensor]) -> None:
-        await self._llm.collective_rpc("begin_loading_named_tensors")
-        chunk: list[tuple[str, str, list[int], bytes]] = []
-        size = 0
-        for name, tensor in tensors.items():
-            # vLLM's msgpack transport turns a tensor inside untyped collective_rpc args into a plain
-            # [dtype, shape, data] list on the worker; raw bytes with their dtype and shape cross intact.
-            chunk.append(tensor_message(name, tensor))
-            size += tensor.numel() * tensor.element_size()
-            if size >= WEIGHT_CHUNK_BYTES:
-                await self._llm.collective_rpc("load_named_tensors", args=(chunk,))
-                chunk, size = [], 0
-        if chunk:
-            await self._llm.collective_rpc("load_named_tensors", args=(chunk,))
-        await self._llm.collective_rpc("finish_loading_named_tensors")
-        # Cached prefixes hold keys/values computed with the old weights.
-        await self._llm.reset_prefix_cache()
+    def _load(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Send ``tensors`` from this process to vLLM's workers over a gloo group of the two (formed at the
+        first load): tensors cross as buffers, not as serialised RPC arguments."""
+        if self.local_group is None:
+            address = GroupAddress("127.0.0.1", free_address()[1], 1 + self.tensor_parallel_size, "gloo", 300.0)
+            joined = self.submit(
+                self._llm.collective_rpc("join_weight_group", args=(address_fields(address), 1, LOCAL))
+            )
+            self.local_group = WeightGroup(address, 0)
+            joined.result()
+        received = self.submit(self._receive_in_workers(LOCAL))
+        self.local_group.send(tensors, self.weights_version, None, WEIGHT_BUCKET_BYTES)
+        received.result()
 
 
-def tensor_message(name: str, tensor: torch.Tensor) -> tuple[str, str, list[int], bytes]:
-    """``(name, dtype, shape, bytes)`` of a CPU tensor, read back by ``vllm_worker.tensor_from_message``."""
-    data = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-    return name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape), data
+def address_fields(address: GroupAddress) -> tuple:
+    """``address`` as plain values (vLLM's RPC transport does not carry dataclasses)."""
+    return address.host, address.port, address.world_size, address.backend, address.timeout_s
 
 
 class VLLMServingEngine(ServingEngine):
