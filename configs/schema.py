@@ -570,6 +570,25 @@ class AutoscalingConfig(Section):
         return self
 
 
+class EpisodesConfig(Section):
+    """Episodes recorded on the endpoint (`/v1/episodes`): agents outside this project play through it."""
+
+    ttl_s: float = Field(
+        600.0, gt=0, description="An episode with no call or reward for this long expires and is dropped."
+    )
+    max_open: int = Field(1000, ge=1, description="Episodes kept at once (open or awaiting training); more: 429.")
+    reward_range: tuple[float, float] = Field(
+        (-10.0, 10.0), description="Lowest and highest reward a client may post (outside: 400)."
+    )
+
+    @model_validator(mode="after")
+    def _range_is_ordered(self) -> EpisodesConfig:
+        low, high = self.reward_range
+        if low > high:
+            raise ValueError(f"serve.episodes.reward_range must be [low, high] with low <= high, got [{low}, {high}]")
+        return self
+
+
 class ServeConfig(Section):
     enabled: bool = Field(False, description="Serve the policy over HTTP while training, updated every iteration.")
     host: str = Field("127.0.0.1", description="Interface the HTTP server binds; anything but loopback is public.")
@@ -634,6 +653,9 @@ class ServeConfig(Section):
         0.0, ge=0.0, description="Training: keep serving the final policy this long after the last iteration."
     )
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings (`engine: vllm`).")
+    episodes: EpisodesConfig = Field(
+        default_factory=EpisodesConfig, description="Episodes recorded from clients' chat calls (`/v1/episodes`)."
+    )
 
     @model_validator(mode="after")
     def _one_scaling_mode(self) -> ServeConfig:

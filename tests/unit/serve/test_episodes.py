@@ -1,0 +1,157 @@
+"""The endpoint's episode book: prompt ids built from what was sampled, mismatches caught, bad requests refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentgym_rl.actors.chat import ChatFormat
+from agentgym_rl.actors.models import TINY_RANDOM, load_tokenizer
+from agentgym_rl.configs.schema import EpisodesConfig
+from agentgym_rl.serve.episodes import EpisodeBook, Prepared, Refusal, token_of
+
+OPENING = [{"role": "system", "content": "You play a grid game."}, {"role": "user", "content": "You see a red ball."}]
+OBSERVATIONS = ["You moved forward.", "You see a wall."]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def chat():
+    return ChatFormat(load_tokenizer(TINY_RANDOM))
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def book(clock):
+    return EpisodeBook(TINY_RANDOM, EpisodesConfig(ttl_s=60, max_open=3), max_prompt_tokens=400, clock=clock)
+
+
+def sampled(chat: ChatFormat, text: str) -> list[int]:
+    """Ids as a sampler might have drawn them: the text's tokens one by one, then the stop token (not the ids
+    a re-encoding of the reply would give back when the tokenizer merges differently)."""
+    ids = [tid for ch in text for tid in chat.tokenizer.encode(ch, add_special_tokens=False)]
+    return [*ids, chat.tokenizer.eos_token_id]
+
+
+def play(book: EpisodeBook, chat: ChatFormat, token: str, replies: list[str]) -> list[dict[str, str]]:
+    """Play ``replies`` as a client re-sending its whole history each call; returns the history."""
+    messages = list(OPENING)
+    for turn, text in enumerate(replies):
+        prepared = book.prepare(token, messages, max_new_tokens=16)
+        assert isinstance(prepared, Prepared) and prepared.recorded, prepared
+        book.record(token, sampled(chat, text), [-0.5] * (len(sampled(chat, text))), version=3 + turn, capped=False)
+        messages += [
+            {"role": "assistant", "content": chat.decode_reply(sampled(chat, text))},
+            {"role": "user", "content": OBSERVATIONS[turn]},
+        ]
+    return messages
+
+
+def test_a_recorded_episode_trains_on_exactly_the_ids_it_sampled(book, chat):
+    token = book.open("babyai", 7, "task-7")["token"]
+    replies = ["go forward", "turn left"]
+    history = play(book, chat, token, replies)
+    assert book.close(token, reward=1.0, rewards=None)["trainable"]
+    [(group, trajectory)] = book.harvest()
+    assert group == "task-7" and trajectory.task_id == 7 and trajectory.env == "babyai"
+    # the layout run_episode builds: opening, reply, continuation, reply; the mask is 1 exactly on the samples
+    want = chat.prompt_ids(OPENING)
+    spans = []
+    for turn, text in enumerate(replies):
+        if turn:
+            want += chat.continuation_ids(sampled(chat, replies[turn - 1]), OBSERVATIONS[turn - 1])
+        spans.append((len(want), len(want) + len(sampled(chat, text))))
+        want += sampled(chat, text)
+    assert trajectory.token_ids == want
+    assert trajectory.turn_spans == spans
+    assert [i for i, m in enumerate(trajectory.loss_mask) if m] == [i for a, b in spans for i in range(a, b)]
+    assert trajectory.step_rewards == [0.0, 1.0] and trajectory.reward == 1.0 and trajectory.success
+    assert trajectory.weights_version == 3 and trajectory.actions == [m["content"] for m in history[2::2]]
+    assert book.stats()["harvested"] == 1 and book.episodes == {}
+
+
+def test_a_changed_reply_is_served_but_marks_the_episode_which_never_trains(book, chat):
+    token = book.open("babyai", 1, None)["token"]
+    history = play(book, chat, token, ["go forward"])
+    history[2] = {"role": "assistant", "content": "pick up the ball"}  # the client rewrote its agent's reply
+    prepared = book.prepare(token, history, max_new_tokens=16)
+    assert isinstance(prepared, Prepared) and not prepared.recorded
+    assert prepared.prompt_ids == chat.prompt_ids(history)  # served from the client's own text
+    info = book.describe(token)
+    assert (
+        info["mismatch"] == "turn 1's assistant reply differs from what this episode recorded (the client changed it)"
+    )
+    assert book.close(token, reward=1.0, rewards=None)["trainable"] is False
+    assert book.harvest() == [] and book.stats()["mismatched"] == 1
+
+
+@pytest.mark.parametrize(
+    ("case", "status", "code"),
+    [
+        ("unknown episode", 404, "episode_not_found"),
+        ("wrong secret", 403, "episode_forbidden"),
+        ("reward twice", 409, "episode_closed"),
+        ("reward out of range", 400, "invalid_reward"),
+        ("rewards per turn of the wrong length", 400, "invalid_reward"),
+        ("call while one is in progress", 409, "episode_busy"),
+        ("over the context budget", 400, "context_length_exceeded"),
+        ("two new messages", 400, "invalid_episode_call"),
+        ("expired", 404, "episode_not_found"),
+        ("too many open", 429, "too_many_episodes"),
+    ],
+)
+def test_bad_requests_are_refused_naming_the_problem_and_lose_nothing(case, status, code, book, chat, clock):
+    token = book.open("babyai", 2, None)["token"]
+    history = play(book, chat, token, ["go forward"])
+    before = book.describe(token)
+    episode_id, _, _ = token.partition(".")
+    match case:
+        case "unknown episode":
+            refusal = book.prepare("ep-0000.nothing", history, 16)
+        case "wrong secret":
+            refusal = book.close(f"{episode_id}.not-the-secret", 1.0, None)
+        case "reward twice":
+            book.close(token, 1.0, None)
+            refusal = book.close(token, 0.0, None)
+            before = book.describe(token)
+        case "reward out of range":
+            refusal = book.close(token, 11.0, None)
+        case "rewards per turn of the wrong length":
+            refusal = book.close(token, None, [0.0, 1.0])
+        case "call while one is in progress":
+            assert isinstance(book.prepare(token, history, 16), Prepared)
+            refusal = book.prepare(token, history, 16)
+            book.abandon(token)
+        case "over the context budget":
+            refusal = book.prepare(token, history, 400)
+            before = {**before, "truncated": True}
+        case "two new messages":
+            refusal = book.prepare(token, [*history, {"role": "user", "content": "and again"}], 16)
+        case "expired":
+            clock.now += 61
+            refusal = book.prepare(token, history, 16)
+        case "too many open":
+            book.open("babyai", 3, None), book.open("babyai", 4, None)
+            refusal = book.open("babyai", 5, None)
+    assert isinstance(refusal, Refusal) and (refusal.status, refusal.code) == (status, code), refusal
+    assert refusal.message
+    if case != "expired":
+        assert book.describe(token) == before  # the episode is as it was
+    else:
+        assert book.stats()["expired"] == 1
+
+
+def test_a_call_tags_its_episode_by_header_or_user_field():
+    assert token_of("ep-1.s", None) == "ep-1.s"
+    assert token_of(None, "episode:ep-1.s") == "ep-1.s"
+    assert token_of(None, "someone") is None and token_of(None, None) is None
