@@ -20,7 +20,14 @@ from agentgym_rl.actors.rundir import POLICY_DIR
 from agentgym_rl.configs import Config
 from agentgym_rl.configs.errors import AgentGymError
 from agentgym_rl.configs.schema import ServeConfig
-from agentgym_rl.serve.deployment import MAX_ONGOING_REQUESTS, STORE_NAMESPACE, PolicyModel, store_name
+from agentgym_rl.serve.deployment import (
+    MAX_ONGOING_REQUESTS,
+    STORE_NAMESPACE,
+    PolicyModel,
+    episode_store,
+    episodes_name,
+    store_name,
+)
 from agentgym_rl.serve.routes import PolicyAPI, build_api
 
 API_KEY_ENV = "AGENTGYM_RL_API_KEY"
@@ -121,7 +128,14 @@ class PolicyServer(PolicyModel):
 
     def __init__(self, *, model_id: str, limits: ServeConfig, **model: Any) -> None:
         super().__init__(**model)
-        self.api = PolicyAPI(self, model_id=model_id, source=self.source, limits=limits, model_ready=self.model_loaded)
+        self.api = PolicyAPI(
+            self,
+            model_id=model_id,
+            source=self.source,
+            limits=limits,
+            model_ready=self.model_loaded,
+            episodes=episode_store(model["app_name"], self.source, limits),
+        )
 
     def __serve_build_asgi_app__(self):
         return build_api(self.api)
@@ -227,17 +241,16 @@ def start_server(args: ServeArgs) -> DeploymentHandle:
 
 
 def delete_app(app_name: str = APP_NAME) -> None:
-    """Delete the application and its weights store; Serve itself keeps running."""
+    """Delete the application, its weights store and its episodes; Serve itself keeps running."""
     serve.delete(app_name)
-    try:
-        store = ray.get_actor(store_name(app_name), namespace=STORE_NAMESPACE)
-    except ValueError:  # no replica ever started, so there is no store
-        store = None
-    if store is not None:
-        ray.kill(store)
+    for name in (store_name(app_name), episodes_name(app_name)):
+        try:
+            ray.kill(ray.get_actor(name, namespace=STORE_NAMESPACE))
+        except ValueError:  # no replica ever started, so there is no store
+            pass
 
 
 def stop_server(app_name: str = APP_NAME) -> None:
-    """Delete the application and its weights store, and shut Serve down."""
+    """Delete the application, its weights store and its episodes, and shut Serve down."""
     delete_app(app_name)
     serve.shutdown()

@@ -34,8 +34,9 @@ from agentgym_rl.actors.engines import ChoiceDelta, CompletionRequest, ServingEn
 from agentgym_rl.actors.lora import policy_source
 from agentgym_rl.actors.models import load_tokenizer
 from agentgym_rl.actors.weights import WeightsPayload
-from agentgym_rl.configs.schema import VLLMConfig
+from agentgym_rl.configs.schema import ServeConfig, VLLMConfig
 from agentgym_rl.envs.actor import hide_unreserved_gpus
+from agentgym_rl.serve.episodes import EpisodeBook
 
 log = structlog.get_logger()
 
@@ -47,6 +48,26 @@ MAX_ONGOING_REQUESTS = 1000
 
 def store_name(app_name: str) -> str:
     return f"weights-{app_name}"
+
+
+def episodes_name(app_name: str) -> str:
+    return f"episodes-{app_name}"
+
+
+def episode_store(app_name: str, source: str, limits: ServeConfig) -> ray.actor.ActorHandle:
+    """The application's ``EpisodeBook`` actor, started by the first replica that asks (every replica of the
+    application shares it, so an episode's calls may reach any of them)."""
+    return (
+        ray.remote(EpisodeBook)
+        .options(
+            name=episodes_name(app_name),
+            namespace=STORE_NAMESPACE,
+            get_if_exists=True,
+            lifetime="detached",
+            num_cpus=0,
+        )
+        .remote(source, limits.episodes, limits.max_prompt_tokens)
+    )
 
 
 class WeightsStore:

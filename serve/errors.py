@@ -32,12 +32,17 @@ from agentgym_rl.actors.engines import QueueFullError
 log = structlog.get_logger()
 
 RETRY_AFTER_S = 1
-ROUTES = "routes: POST /v1/chat/completions, GET /v1/models, POST /v1/act, GET /v1/policy, GET /healthz"
+ROUTES = (
+    "routes: POST /v1/chat/completions, GET /v1/models, POST /v1/act, POST /v1/episodes, GET /v1/episodes/{id}, "
+    "POST /v1/episodes/{id}/reward, GET /v1/policy, GET /healthz"
+)
 # What each status means here, for the routes' OpenAPI declarations (the table above).
 ERROR_STATUSES = {
     400: "invalid JSON, a bad or unknown field (`param` names it), or a limit exceeded (max_tokens, n, prompt)",
     401: "missing or wrong API key (when the server has one)",
-    404: "unknown model, env or route",
+    403: "an episode's token with the wrong secret, or another episode's token",
+    404: "unknown model, env, route or episode (never opened, expired, or already trained on)",
+    409: "an episode already closed, or with a call in progress",
     413: "request body over serve.max_body_bytes",
     429: "the replica holds its most requests (serve.max_batch_size + serve.max_queued_requests)",
     500: "anything unexpected",
@@ -46,8 +51,10 @@ ERROR_STATUSES = {
 TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    409: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
     503: "service_unavailable_error",

@@ -55,7 +55,11 @@ class ChatCompletionRequest(Body):
     )
     stream: bool | None = Field(None, description="Send server-sent events (`data: {...}` chunks, then `[DONE]`).")
     stream_options: StreamOptions | None = Field(None, description="Streaming options.")
-    user: str | None = Field(None, description="Accepted for OpenAI compatibility; ignored.")
+    user: str | None = Field(
+        None,
+        description="`episode:<token>` tags the call with an episode opened by `POST /v1/episodes` (as the "
+        "`X-Episode-Token` header does); anything else is accepted for OpenAI compatibility and ignored.",
+    )
 
     @field_validator("stop")
     @classmethod
@@ -231,3 +235,48 @@ class ErrorResponse(BaseModel):
     """Every error answer of the endpoint, in OpenAI's shape (the `openai` client raises from it)."""
 
     error: ErrorDetail
+
+
+class EpisodeOpenRequest(Body):
+    """Open an episode: the chat calls tagged with its token are recorded token by token."""
+
+    env: str = Field("endpoint", description="Which environment the agent plays (a label kept on the trajectory).")
+    task_id: int = Field(0, description="The task the agent plays (kept on the trajectory).")
+    group: str | None = Field(
+        None,
+        description="Episodes sharing a group key are compared with each other by group algorithms (GRPO, RLOO): "
+        "give the episodes of one task the same key. None: a group of its own.",
+    )
+
+
+class EpisodeInfo(BaseModel):
+    id: str = Field(description="The episode id.")
+    env: str
+    task_id: int
+    group: str
+    status: Literal["open", "closed"] = Field(description="`closed` once its reward is posted.")
+    turns: int = Field(description="Replies recorded so far.")
+    tokens: int = Field(description="Token ids recorded so far (prompts, continuations and replies).")
+    sampled_tokens: int = Field(description="Of those, the ids the policy sampled (what trains).")
+    weights_versions: list[int] = Field(description="The policy versions that sampled its replies.")
+    mismatch: str | None = Field(
+        description="Where the client's history stopped matching what was sampled; such an episode never trains."
+    )
+    truncated: bool = Field(description="A call was refused for going over the context budget.")
+    reward: float | None = Field(description="The posted reward (summed over turns); None while open.")
+    trainable: bool = Field(description="Closed, with turns, without a mismatch: the trainer will use it.")
+
+
+class EpisodeOpened(EpisodeInfo):
+    token: str = Field(
+        description='`<id>.<secret>`: send it as the `X-Episode-Token` header (or `user: "episode:<token>"`) '
+        "with every chat call of the episode and with its reward."
+    )
+    ttl_s: float = Field(description="Seconds without a call or reward after which the episode is dropped.")
+
+
+class EpisodeReward(Body):
+    """Close an episode with one outcome reward (given to its last turn) or one reward per turn."""
+
+    reward: float | None = Field(None, description="The outcome reward.")
+    rewards: list[float] | None = Field(None, description="One reward per recorded turn, in order.")

@@ -1,4 +1,5 @@
-"""The HTTP routes of a model replica: OpenAI-compatible chat routes, /v1/act, /v1/policy and /healthz.
+"""The HTTP routes of a model replica: OpenAI-compatible chat routes, /v1/act, /v1/episodes, /v1/policy and
+/healthz.
 
 Prompts are rendered and completions decoded here; the replica's engine only sees token ids and
 streams back what it samples. Failures are raised (``APIError``, validation errors,
@@ -11,9 +12,9 @@ import hmac
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import Annotated, Any, Protocol, TypeVar
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Header, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
@@ -26,6 +27,7 @@ from agentgym_rl.actors.models import load_tokenizer
 from agentgym_rl.configs.schema import ServeConfig
 from agentgym_rl.envs import EnvError, InvalidAction, TextEnv, make
 from agentgym_rl.serve.deployment import GenerateResult, StreamStart
+from agentgym_rl.serve.episodes import Refusal, split_token, token_of
 from agentgym_rl.serve.errors import ERROR_STATUSES, APIError, install_error_handlers, sse_error
 from agentgym_rl.serve.models import (
     ActRequest,
@@ -38,6 +40,10 @@ from agentgym_rl.serve.models import (
     ChoiceLogprobs,
     ChunkChoice,
     Delta,
+    EpisodeInfo,
+    EpisodeOpened,
+    EpisodeOpenRequest,
+    EpisodeReward,
     ErrorResponse,
     Health,
     ModelCard,
@@ -50,6 +56,9 @@ from agentgym_rl.serve.models import (
 from agentgym_rl.serve.text import ReplyText, TokenTexts
 
 Body = TypeVar("Body", bound=BaseModel)
+Answer = TypeVar("Answer")
+EPISODE_HEADER = "X-Episode-Token"
+EpisodeToken = Annotated[str, Header(alias=EPISODE_HEADER, description="The episode's token, `<id>.<secret>`.")]
 
 
 def sampling_params(
@@ -99,6 +108,8 @@ class PolicyAPI:
         source: model name, model directory or adapter directory (its base's tokenizer is read).
         limits: the serve config (token caps, ``n`` cap, body size, API key).
         model_ready: whether the model is loaded (asked until it first says yes; 503 before).
+        episodes: the application's ``EpisodeBook`` actor (``serve.deployment.episode_store``); None: the
+            endpoint records no episodes (404 on the episode routes).
     """
 
     def __init__(
@@ -109,8 +120,10 @@ class PolicyAPI:
         source: str,
         limits: ServeConfig,
         model_ready: Callable[[], Awaitable[bool]],
+        episodes: Any = None,
     ) -> None:
         self.policy = policy
+        self.episodes = episodes
         self.model_id = model_id
         self.limits = limits
         self.model_ready = model_ready
@@ -121,6 +134,13 @@ class PolicyAPI:
         self.hidden_ids = {tokenizer.eos_token_id}  # the stop token ends a reply; it is no part of its text
         self.created = int(time.time())
         self.envs: dict[str, TextEnv] = {}
+
+    @property
+    def book(self) -> Any:
+        """The episode book's actor (404 where there is none)."""
+        if self.episodes is None:
+            raise APIError(404, "this endpoint records no episodes", code="episodes_not_recorded")
+        return self.episodes
 
     async def read_body(self, request: Request, schema: type[Body]) -> Body:
         """Read at most ``max_body_bytes`` of the body (413 beyond) and validate it (400 on bad JSON or fields)."""
@@ -184,8 +204,9 @@ class PolicyAPI:
                 raise APIError(400, f"env {name!r} cannot be created without options: {exc}", param="env") from exc
         return self.envs[name]
 
-    def completion_request(self, body: ChatCompletionRequest) -> CompletionRequest:
-        """The engine request for a chat body, after the model id and every limit are checked."""
+    def completion_request(self, body: ChatCompletionRequest, prompt_ids: list[int] | None = None) -> CompletionRequest:
+        """The engine request for a chat body, after the model id and every limit are checked; ``prompt_ids``:
+        an episode's prompt (built by its book) instead of the rendered messages."""
         if body.model != self.model_id:
             raise APIError(
                 404,
@@ -205,7 +226,8 @@ class PolicyAPI:
             frequency_penalty=body.frequency_penalty,
             top_logprobs=body.top_logprobs or 0,
         )
-        prompt_ids = self.prompt([m.model_dump(exclude={"name"}) for m in body.messages])
+        if prompt_ids is None:
+            prompt_ids = self.prompt(messages_of(body))
         return CompletionRequest(prompt_ids=prompt_ids, params=params, n=n, seed=body.seed)
 
     def reply(self, request: CompletionRequest) -> ReplyText:
@@ -228,7 +250,40 @@ class PolicyAPI:
         return ChoiceLogprobs(content=content)
 
     async def complete(self, body: ChatCompletionRequest, request: CompletionRequest) -> ChatCompletion:
-        result = await self.policy.generate(request)
+        return self.completion(body, request, await self.policy.generate(request))
+
+    async def complete_in_episode(self, token: str, body: ChatCompletionRequest) -> ChatCompletion:
+        """A chat call of an episode: its book builds the prompt from the ids recorded so far, and the reply's
+        ids and log-probs are recorded exactly as sampled (unless the client's history no longer matches)."""
+        if body.stream:
+            raise APIError(400, "a call of an episode cannot stream; send stream: false", param="stream")
+        if (body.n or 1) != 1:
+            raise APIError(400, f"a call of an episode samples one reply; n must be 1 (got {body.n})", param="n")
+        cap = self.token_cap(body.requested_tokens, body.token_field)
+        prepared = answered(await self.book.prepare.remote(token, messages_of(body), cap))
+        request = self.completion_request(body, prepared.prompt_ids)
+        try:
+            result = await self.policy.generate(request)
+        except BaseException:
+            if prepared.recorded:  # the episode goes back to where it was before this call
+                await self.book.abandon.remote(token)
+            raise
+        if prepared.recorded:
+            choice = result.choices[0]
+            answered(
+                await self.book.record.remote(
+                    token,
+                    list(choice.token_ids),
+                    list(choice.logprobs),
+                    result.weights_version,
+                    choice.finish_reason == "length",
+                )
+            )
+        return self.completion(body, request, result)
+
+    def completion(
+        self, body: ChatCompletionRequest, request: CompletionRequest, result: GenerateResult
+    ) -> ChatCompletion:
         choices = []
         for index, choice in enumerate(result.choices):
             reply = self.reply(request)
@@ -324,6 +379,24 @@ class PolicyAPI:
             await stream.aclose()
 
 
+def messages_of(body: ChatCompletionRequest) -> list[dict[str, str]]:
+    return [m.model_dump(exclude={"name"}) for m in body.messages]
+
+
+def answered(answer: Answer | Refusal) -> Answer:
+    """``answer``, or the ``APIError`` of the episode book's refusal."""
+    if isinstance(answer, Refusal):
+        raise APIError(answer.status, answer.message, param=answer.param, code=answer.code)
+    return answer
+
+
+def episode_token(episode_id: str, token: str) -> str:
+    """``token`` when it names ``episode_id`` (403 otherwise)."""
+    if split_token(token)[0] != episode_id:
+        raise APIError(403, f"the {EPISODE_HEADER} header holds another episode's token", code="episode_forbidden")
+    return token
+
+
 def _usage(prompt_tokens: int, completion_tokens: int) -> Usage:
     return Usage(
         prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=prompt_tokens + completion_tokens
@@ -347,7 +420,13 @@ def json_body(model: type[BaseModel]) -> dict:
 
 # Models the routes declare by hand (bodies they read themselves, the completion beside its event stream):
 # their schemas join the app's OpenAPI components.
-DECLARED_BY_HAND: tuple[type[BaseModel], ...] = (ChatCompletionRequest, ActRequest, ChatCompletion)
+DECLARED_BY_HAND: tuple[type[BaseModel], ...] = (
+    ChatCompletionRequest,
+    ActRequest,
+    ChatCompletion,
+    EpisodeOpenRequest,
+    EpisodeReward,
+)
 
 
 def build_api(api: PolicyAPI) -> FastAPI:
@@ -398,11 +477,15 @@ def build_api(api: PolicyAPI) -> FastAPI:
                     "text/event-stream": {"schema": {"type": "string"}},
                 },
             },
-            **errors(*keyed, 400, 404, 413, 429, 503),
+            **errors(*keyed, 400, 403, 404, 409, 413, 429, 503),
         },
     )
     async def chat_completions(request: Request) -> ChatCompletion | StreamingResponse:
         body = await api.read_body(request, ChatCompletionRequest)
+        token = token_of(request.headers.get(EPISODE_HEADER), body.user)
+        if token is not None:
+            await api.require_model()
+            return await api.complete_in_episode(token, body)
         completion = api.completion_request(body)
         await api.require_model()
         if body.stream:
@@ -441,5 +524,31 @@ def build_api(api: PolicyAPI) -> FastAPI:
             finish_reason=choice.finish_reason,
             weights_version=result.weights_version,
         )
+
+    @app.post(
+        "/v1/episodes",
+        dependencies=authorised,
+        status_code=201,
+        openapi_extra=json_body(EpisodeOpenRequest),
+        responses=errors(*keyed, 400, 413, 429),
+    )
+    async def open_episode(request: Request) -> EpisodeOpened:
+        body = await api.read_body(request, EpisodeOpenRequest)
+        return EpisodeOpened(**answered(await api.book.open.remote(body.env, body.task_id, body.group)))
+
+    @app.get("/v1/episodes/{episode_id}", dependencies=authorised, responses=errors(*keyed, 400, 403, 404))
+    async def episode(episode_id: str, token: EpisodeToken) -> EpisodeInfo:
+        return EpisodeInfo(**answered(await api.book.describe.remote(episode_token(episode_id, token))))
+
+    @app.post(
+        "/v1/episodes/{episode_id}/reward",
+        dependencies=authorised,
+        openapi_extra=json_body(EpisodeReward),
+        responses=errors(*keyed, 400, 403, 404, 409, 413),
+    )
+    async def reward(episode_id: str, token: EpisodeToken, request: Request) -> EpisodeInfo:
+        body = await api.read_body(request, EpisodeReward)
+        closed = await api.book.close.remote(episode_token(episode_id, token), body.reward, body.rewards)
+        return EpisodeInfo(**answered(closed))
 
     return app

@@ -27,13 +27,25 @@ def refs(node: object) -> set[str]:
 def test_bodies_and_error_statuses_are_declared_and_every_reference_resolves():
     spec = schema()
     paths = spec["paths"]
-    for path, model in [("/v1/chat/completions", "ChatCompletionRequest"), ("/v1/act", "ActRequest")]:
+    bodies = [
+        ("/v1/chat/completions", "ChatCompletionRequest"),
+        ("/v1/act", "ActRequest"),
+        ("/v1/episodes", "EpisodeOpenRequest"),
+        ("/v1/episodes/{episode_id}/reward", "EpisodeReward"),
+    ]
+    for path, model in bodies:
         operation = paths[path]["post"]
         body = operation["requestBody"]["content"]["application/json"]["schema"]
         assert body == {"$ref": f"#/components/schemas/{model}"} and operation["requestBody"]["required"]
-        assert {"200", "400", "401", "404", "413", "429", "500", "503"} <= set(operation["responses"]), path
+        assert {"400", "401", "413", "500"} <= set(operation["responses"]), path
         assert operation["responses"]["400"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorResponse")
-    streamed = paths["/v1/chat/completions"]["post"]["responses"]["200"]["content"]
+    chat = paths["/v1/chat/completions"]["post"]["responses"]
+    assert {"200", "403", "404", "409", "429", "503"} <= set(chat)  # 403, 409: calls of an episode
+    assert {"201", "429"} <= set(paths["/v1/episodes"]["post"]["responses"])
+    assert {"200", "403", "404", "409"} <= set(paths["/v1/episodes/{episode_id}/reward"]["post"]["responses"])
+    [header] = [p for p in paths["/v1/episodes/{episode_id}"]["get"]["parameters"] if p["in"] == "header"]
+    assert header["name"] == "X-Episode-Token" and header["required"]
+    streamed = chat["200"]["content"]
     assert set(streamed) == {"application/json", "text/event-stream"}
     for path in ("/v1/models", "/v1/policy"):
         assert {"200", "401", "500"} <= set(paths[path]["get"]["responses"]), path

@@ -1,0 +1,185 @@
+"""Episodes on the live endpoint (Ray Serve on 127.0.0.1, tiny-random): an agent using only the openai client
+tags its calls with an episode and posts its reward; the endpoint records the ids it sampled, token for token."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+import ray
+import torch
+
+from agentgym_rl.actors.chat import ChatFormat
+from agentgym_rl.actors.engines import make_engine
+from agentgym_rl.actors.engines.serving import choice_seed, seeded_generator
+from agentgym_rl.actors.models import TINY_RANDOM, load_tokenizer
+from agentgym_rl.configs.schema import EpisodesConfig, SamplingConfig, ServeConfig
+from agentgym_rl.driver.learners import free_port
+from agentgym_rl.serve.app import APP_NAME, ServeArgs, start_server, stop_server
+from agentgym_rl.serve.deployment import STORE_NAMESPACE, episodes_name
+
+MAX_TOKENS = 12
+OPENING = [{"role": "system", "content": "You play a grid game."}, {"role": "user", "content": "You see a red ball."}]
+OBSERVATIONS = ["You moved forward.", "You see a wall.", "You picked up the ball."]
+
+
+@pytest.fixture(scope="module")
+def server(ray_local):
+    port = free_port()
+    config = ServeConfig(
+        port=port,
+        max_tokens=MAX_TOKENS,
+        max_prompt_tokens=300,
+        episodes=EpisodesConfig(reward_range=(0.0, 1.0)),
+    )
+    start_server(ServeArgs(model=TINY_RANDOM, dtype="float32", serve=config))
+    yield f"http://127.0.0.1:{port}"
+    stop_server()
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+
+def open_episode(url: str, group: str | None = None) -> dict:
+    response = httpx.post(f"{url}/v1/episodes", json={"env": "babyai", "task_id": 5, "group": group})
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def play(url: str, token: str, turns: int, seed: int = 7) -> list[dict[str, str]]:
+    """An agent as a user of the plain openai client writes it: the whole history every call."""
+    messages = list(OPENING)
+    for turn in range(turns):
+        reply = client(url).chat.completions.create(
+            model=TINY_RANDOM,
+            messages=messages,
+            max_tokens=MAX_TOKENS,
+            seed=seed + turn,
+            extra_headers={"X-Episode-Token": token},
+        )
+        messages += [
+            {"role": "assistant", "content": reply.choices[0].message.content},
+            {"role": "user", "content": OBSERVATIONS[turn]},
+        ]
+    return messages
+
+
+def harvest(app: str = APP_NAME) -> list:
+    return ray.get(ray.get_actor(episodes_name(app), namespace=STORE_NAMESPACE).harvest.remote())
+
+
+def test_the_ids_recorded_are_the_ids_the_replica_sampled_token_for_token(server):
+    opened = open_episode(server, group="task-5")
+    token = opened["token"]
+    history = play(server, token, turns=3)
+    closed = httpx.post(
+        f"{server}/v1/episodes/{opened['id']}/reward", json={"reward": 1.0}, headers={"X-Episode-Token": token}
+    )
+    assert closed.status_code == 200, closed.text
+    assert closed.json()["trainable"] and closed.json()["turns"] == 3
+    [(group, trajectory)] = harvest()
+    assert group == "task-5" and trajectory.step_rewards == [0.0, 0.0, 1.0]
+
+    # Replay the same seeded samples on a local engine from the prompts the book should have built: the
+    # opening's ids, then each sampled reply followed by its continuation, never the re-rendered history.
+    chat = ChatFormat(load_tokenizer(TINY_RANDOM))
+    engine = make_engine(
+        "transformers",
+        model_name=TINY_RANDOM,
+        dtype="float32",
+        seed=0,
+        stop_token_ids=[chat.tokenizer.eos_token_id],
+        pad_token_id=chat.tokenizer.pad_token_id,
+    )
+    ids, previous = chat.prompt_ids(OPENING), None
+    sampling = SamplingConfig(max_new_tokens=MAX_TOKENS)
+    for turn in range(3):
+        if previous is not None:
+            ids = ids + chat.continuation_ids(previous, OBSERVATIONS[turn - 1])
+        generation = engine.generate([ids], sampling, [seeded_generator(choice_seed(7 + turn, 0))])[0]
+        start, end = trajectory.turn_spans[turn]
+        assert trajectory.token_ids[:start] == ids
+        assert trajectory.token_ids[start:end] == generation.token_ids, f"turn {turn}"
+        assert torch.allclose(
+            torch.tensor(trajectory.logprobs[start:end]), torch.tensor(generation.logprobs), atol=1e-4
+        )
+        assert history[2 + 2 * turn]["content"] == chat.decode_reply(generation.token_ids)
+        ids, previous = ids + generation.token_ids, generation.token_ids
+    assert trajectory.token_ids == ids
+    assert [i for i, m in enumerate(trajectory.loss_mask) if m] == [
+        i for start, end in trajectory.turn_spans for i in range(start, end)
+    ]
+
+
+def test_an_edited_reply_is_reported_on_the_episode_and_never_trains(server):
+    opened = open_episode(server)
+    token = opened["token"]
+    history = play(server, token, turns=1)
+    history[2]["content"] = "pick up the ball"  # the client changed what its agent said
+    reply = client(server).chat.completions.create(
+        model=TINY_RANDOM, messages=history, max_tokens=MAX_TOKENS, user=f"episode:{token}"
+    )
+    assert reply.choices[0].message.content is not None  # still served
+    info = httpx.get(f"{server}/v1/episodes/{opened['id']}", headers={"X-Episode-Token": token}).json()
+    assert "turn 1's assistant reply differs" in info["mismatch"] and info["turns"] == 1
+    httpx.post(f"{server}/v1/episodes/{opened['id']}/reward", json={"reward": 1.0}, headers={"X-Episode-Token": token})
+    assert harvest() == []
+
+
+def bad_requests(url: str) -> dict[str, httpx.Response]:
+    """Each kind of bad episode request once, against one open episode that must survive them."""
+    opened = open_episode(url)
+    token, episode = opened["token"], opened["id"]
+    play(url, token, turns=1)
+    other = open_episode(url)
+    headers = {"X-Episode-Token": token}
+    chat = {"model": TINY_RANDOM, "messages": OPENING, "max_tokens": 4}
+    found = {
+        "unknown episode": httpx.post(
+            f"{url}/v1/chat/completions", json=chat, headers={"X-Episode-Token": "ep-00.secret"}
+        ),
+        "wrong secret": httpx.get(f"{url}/v1/episodes/{episode}", headers={"X-Episode-Token": f"{episode}.wrong"}),
+        "another episode's token": httpx.get(
+            f"{url}/v1/episodes/{episode}", headers={"X-Episode-Token": other["token"]}
+        ),
+        "reward out of range": httpx.post(f"{url}/v1/episodes/{episode}/reward", json={"reward": 2.0}, headers=headers),
+        "over the context budget": httpx.post(
+            f"{url}/v1/chat/completions",
+            json={**chat, "messages": [{"role": "user", "content": "go " * 400}]},
+            headers={"X-Episode-Token": other["token"]},
+        ),
+        "streaming": httpx.post(f"{url}/v1/chat/completions", json={**chat, "stream": True}, headers=headers),
+    }
+    first = httpx.post(f"{url}/v1/episodes/{episode}/reward", json={"reward": 1.0}, headers=headers)
+    found["reward twice"] = httpx.post(f"{url}/v1/episodes/{episode}/reward", json={"reward": 0.0}, headers=headers)
+    found["first reward"] = first
+    return found
+
+
+def test_bad_episode_requests_get_clear_4xx_while_a_good_client_keeps_being_served(server):
+    with ThreadPoolExecutor(1) as pool:
+        good = pool.submit(lambda: [play(server, open_episode(server)["token"], turns=2) for _ in range(3)])
+        found = bad_requests(server)
+        histories = good.result(timeout=600)
+    assert all(len(history) == 6 for history in histories)
+    expected = {
+        "unknown episode": (404, "episode_not_found"),
+        "wrong secret": (403, "episode_forbidden"),
+        "another episode's token": (403, "episode_forbidden"),
+        "reward out of range": (400, "invalid_reward"),
+        "over the context budget": (400, "context_length_exceeded"),
+        "streaming": (400, None),
+        "reward twice": (409, "episode_closed"),
+    }
+    for case, (status, code) in expected.items():
+        response = found[case]
+        assert response.status_code == status, (case, response.text)
+        error = response.json()["error"]
+        assert error["message"] and error["code"] == code, (case, error)
+    # nothing was lost: the first reward stood, and the episode trains once with it
+    assert found["first reward"].json()["reward"] == 1.0
+    rewards = sorted(trajectory.reward for _, trajectory in harvest())
+    assert 1.0 in rewards
