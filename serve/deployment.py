@@ -23,7 +23,7 @@ import functools
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import ray
 import structlog
@@ -54,20 +54,16 @@ def episodes_name(app_name: str) -> str:
     return f"episodes-{app_name}"
 
 
+def shared_actor(cls: type, name: str, *args: Any) -> ray.actor.ActorHandle:
+    """The application's one ``cls`` actor called ``name``, started by the first replica that asks (every
+    replica of the application shares it)."""
+    options = {"name": name, "namespace": STORE_NAMESPACE, "get_if_exists": True, "lifetime": "detached"}
+    return ray.remote(cls).options(num_cpus=0, **options).remote(*args)
+
+
 def episode_store(app_name: str, source: str, limits: ServeConfig) -> ray.actor.ActorHandle:
-    """The application's ``EpisodeBook`` actor, started by the first replica that asks (every replica of the
-    application shares it, so an episode's calls may reach any of them)."""
-    return (
-        ray.remote(EpisodeBook)
-        .options(
-            name=episodes_name(app_name),
-            namespace=STORE_NAMESPACE,
-            get_if_exists=True,
-            lifetime="detached",
-            num_cpus=0,
-        )
-        .remote(source, limits.episodes, limits.max_prompt_tokens)
-    )
+    """The application's ``EpisodeBook`` actor: an episode's calls may reach any replica."""
+    return shared_actor(EpisodeBook, episodes_name(app_name), source, limits.episodes, limits.max_prompt_tokens)
 
 
 class WeightsStore:
@@ -202,17 +198,7 @@ class PolicyModel:
         self.engine_name = engine
         self.iteration: int | None = None
         self.updates = 0
-        self.store = (
-            ray.remote(WeightsStore)
-            .options(
-                name=store_name(app_name),
-                namespace=STORE_NAMESPACE,
-                get_if_exists=True,
-                lifetime="detached",
-                num_cpus=0,
-            )
-            .remote()
-        )
+        self.store = shared_actor(WeightsStore, store_name(app_name))
         self.load_lock = asyncio.Lock()
         self.catch_up: asyncio.Task | None = None
         self.follow_task: asyncio.Task | None = None
