@@ -420,22 +420,37 @@ class WeightSyncConfig(Section):
     )
 
 
+class GatewayConfig(Section):
+    """`trainer.mode: gateway`: how an iteration waits for the episodes clients record on the endpoint."""
+
+    timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="An iteration trains once `trainer.tasks_per_iteration` groups are complete, or after this "
+        "long with at least one complete group (it keeps waiting while none is).",
+    )
+    poll_s: float = Field(1.0, gt=0, description="How often the trainer collects closed episodes from the endpoint.")
+
+
 class TrainerConfig(Section):
     iterations: int = Field(100, ge=1, description="Training iterations (rollout + update each).")
     tasks_per_iteration: int = Field(
         4, ge=1, description="Distinct tasks per iteration; each is played group_size times."
     )
-    mode: Literal["sync", "async", "offline", "agentevol"] = Field(
+    mode: Literal["sync", "async", "offline", "agentevol", "gateway"] = Field(
         "sync",
         description="`sync` alternates rollout and update; `async` runs the next iterations' rollout while the "
         "learner trains (needs learner.old_logprobs=sampler, the default in async mode); `offline` trains on "
-        "logged trajectories (`data.files`), no rollout; `agentevol` runs AgentEvol rounds (`agentevol`).",
+        "logged trajectories (`data.files`), no rollout; `agentevol` runs AgentEvol rounds (`agentevol`); "
+        "`gateway` serves the policy (`serve.enabled`) and trains on the episodes clients record through it "
+        "(`/v1/episodes`, `trainer.gateway`).",
     )
     max_staleness: int = Field(
         1,
         ge=1,
         description="`async`: iterations rollout may run ahead of training; a trajectory sampled more than this "
-        "many weight versions before the learner's version is dropped (`rollout/dropped_stale`).",
+        "many weight versions before the learner's version is dropped (`rollout/dropped_stale`). `gateway`: "
+        "the same for recorded episodes.",
     )
     checkpoint_every: int = Field(10, ge=1, description="Save a checkpoint every N iterations (and after the last).")
     keep_checkpoints: int = Field(0, ge=0, description="Keep only the newest N complete checkpoints; 0 keeps all.")
@@ -453,6 +468,9 @@ class TrainerConfig(Section):
     )
     weight_sync: WeightSyncConfig = Field(
         default_factory=WeightSyncConfig, description="How new weights reach the samplers."
+    )
+    gateway: GatewayConfig = Field(
+        default_factory=GatewayConfig, description="`gateway` mode: waiting for clients' episodes."
     )
     placement: Literal["disaggregated", "colocated"] = Field(
         "disaggregated",
@@ -715,6 +733,10 @@ class Config(Section):
             raise ValueError(
                 f"warm_start runs before RL iterations: it needs trainer.mode=sync or async (got "
                 f"{self.trainer.mode!r}); set warm_start.iterations=0"
+            )
+        if self.trainer.mode == "gateway" and not self.serve.enabled:
+            raise ValueError(
+                "trainer.mode=gateway trains on the episodes clients play through the endpoint: set serve.enabled=true"
             )
         if self.trainer.mode == "offline" and not self.data.files:
             raise ValueError("trainer.mode=offline trains on logged trajectories: set data.files=[FILE_OR_RUN_DIR]")

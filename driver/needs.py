@@ -21,7 +21,7 @@ from agentgym_rl.driver.mix import mix_entries
 def run_needs(config: Config) -> tuple[list[ActorNeed], list[PoolNeed]]:
     """What ``config``'s run starts at the least: its learners and serve replicas, and per env a sampler
     pool (``sampler.min_count`` samplers with ``sampler.min_envs_per_sampler`` env actors each; offline
-    mode has none)."""
+    and gateway modes have none)."""
     cfg = config
     colocated = cfg.trainer.placement == "colocated"
     if colocated:
@@ -47,7 +47,7 @@ def run_needs(config: Config) -> tuple[list[ActorNeed], list[PoolNeed]]:
         fixed.append(
             ActorNeed("serve replica(s) (serve.num_replicas, serve.num_cpus, serve.num_gpus)", replica, replicas)
         )
-    if cfg.trainer.mode == "offline":
+    if cfg.trainer.mode in ("offline", "gateway"):
         return fixed, []
     return fixed, [pool_need(entry.name, cfg.sampler, colocated) for entry in mix_entries(cfg)]
 

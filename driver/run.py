@@ -17,6 +17,7 @@ from agentgym_rl.driver.errors import TrainError
 from agentgym_rl.driver.mix import check_envs
 from agentgym_rl.driver.modes.agentevol import AgentEvolTrainer
 from agentgym_rl.driver.modes.asynchronous import AsyncTrainer
+from agentgym_rl.driver.modes.gateway import GatewayTrainer
 from agentgym_rl.driver.modes.offline import OfflineTrainer
 from agentgym_rl.driver.modes.sync import SyncTrainer
 from agentgym_rl.driver.needs import plan_run
@@ -30,6 +31,7 @@ MODES: dict[str, type[Trainer]] = {
     "async": AsyncTrainer,
     "offline": OfflineTrainer,
     "agentevol": AgentEvolTrainer,
+    "gateway": GatewayTrainer,
 }
 
 

@@ -301,7 +301,9 @@ class Trainer(ABC):
             self._load_from_object_store(receivers, iteration)
         if self.policy_server is not None:
             # The server swaps between generate batches.
-            self.policy_server.update_weights.remote(self._payload_ref(), iteration).result()
+            served = self.policy_server.update_weights.remote(self._payload_ref(), iteration).result()
+            if not receivers:  # no samplers (offline, gateway): the endpoint holds the run's version
+                self.weights_version = served
         if self.payload is not None and not (receivers and self.broadcasting):
             self.sync_bytes = ray.get(self.learner.last_published_bytes.remote())
         return time.perf_counter() - started

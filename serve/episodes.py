@@ -239,9 +239,10 @@ class EpisodeBook:
         return Prepared(prompt_ids=episode.token_ids + continuation, recorded=True)
 
     def record(
-        self, token: str, token_ids: list[int], logprobs: list[float], version: int, capped: bool
+        self, token: str, token_ids: list[int], logprobs: list[float], version: int, capped: bool, text: str
     ) -> dict | Refusal:
-        """Keep the reply sampled for the call ``prepare`` admitted last: its ids exactly as sampled."""
+        """Keep the reply sampled for the call ``prepare`` admitted last: its ids exactly as sampled, and
+        ``text``, the reply as the client got it (what its next call must repeat)."""
         found = self.find(token)
         if isinstance(found, Refusal):
             return found
@@ -257,9 +258,8 @@ class EpisodeBook:
         episode.loss_mask += [1] * len(token_ids)
         episode.logprobs += logprobs
         episode.turn_spans.append((start, len(episode.token_ids)))
-        reply = self.chat.decode_reply(token_ids)
-        episode.replies.append(reply)
-        episode.messages.append({"role": "assistant", "content": reply})
+        episode.replies.append(text)
+        episode.messages.append({"role": "assistant", "content": text})
         episode.turn_capped.append(capped)
         episode.versions.append(version)
         episode.last_active = self.clock()

@@ -268,6 +268,7 @@ class PolicyAPI:
             if prepared.recorded:  # the episode goes back to where it was before this call
                 await self.book.abandon.remote(token)
             raise
+        completion = self.completion(body, request, result)
         if prepared.recorded:
             choice = result.choices[0]
             answered(
@@ -277,9 +278,10 @@ class PolicyAPI:
                     list(choice.logprobs),
                     result.weights_version,
                     choice.finish_reason == "length",
+                    completion.choices[0].message.content,
                 )
             )
-        return self.completion(body, request, result)
+        return completion
 
     def completion(
         self, body: ChatCompletionRequest, request: CompletionRequest, result: GenerateResult

@@ -77,6 +77,7 @@ class OfflineTrainer(Trainer):
             **rollout_metrics(batch),
             **learner_metrics,
             "time/sync_s": sync_s,
+            "sync/bytes": self.sync_bytes if sync_s else 0,
             "time/iteration_s": time.perf_counter() - started,
         }
         return Step(record, batch, [], {"episodes": len(batch)})

@@ -49,7 +49,8 @@ def play(book: EpisodeBook, chat: ChatFormat, token: str, replies: list[str]) ->
     for turn, text in enumerate(replies):
         prepared = book.prepare(token, messages, max_new_tokens=16)
         assert isinstance(prepared, Prepared) and prepared.recorded, prepared
-        book.record(token, sampled(chat, text), [-0.5] * (len(sampled(chat, text))), version=3 + turn, capped=False)
+        ids = sampled(chat, text)
+        book.record(token, ids, [-0.5] * len(ids), version=3 + turn, capped=False, text=chat.decode_reply(ids))
         messages += [
             {"role": "assistant", "content": chat.decode_reply(sampled(chat, text))},
             {"role": "user", "content": OBSERVATIONS[turn]},

@@ -1,0 +1,103 @@
+"""``trainer.mode: gateway``: the run serves the policy and trains on the episodes its clients record.
+
+Clients (agents written in any framework) play through the endpoint's episode routes
+(``serve.episodes``). Each iteration collects the closed episodes from the endpoint's episode book,
+groups them by the clients' group keys, and trains once ``trainer.tasks_per_iteration`` groups hold
+``algorithm.group_size`` episodes each, or after ``trainer.gateway.timeout_s`` with at least one such
+group; the new weights then hot-swap into the replicas. An episode whose oldest reply was sampled more
+than ``trainer.max_staleness`` versions before the learner's is dropped (``rollout/dropped_stale``), as
+is one whose history the client changed (the book never hands those out). Episodes of a group beyond
+``group_size`` wait for the next iteration.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import ray
+import structlog
+
+from agentgym_rl.actors.models import model_dir
+from agentgym_rl.actors.trajectory import Trajectory
+from agentgym_rl.driver.metrics import group_metrics, rollout_metrics
+from agentgym_rl.driver.trainer import Display, Step, Trainer
+
+log = structlog.get_logger()
+
+
+class GatewayTrainer(Trainer):
+    """Learners and the endpoint only: no samplers, env actors or curriculum (the clients play)."""
+
+    def _start_actors(self) -> None:
+        model_dir(self.config.model.name)
+        self.slots = []
+        self.waiting: dict[str, list[Trajectory]] = defaultdict(list)
+        self._start_learners()
+        self.initial_state = self._env_states()
+        log.info("actors ready", **self._describe_learner())
+
+    def _env_states(self) -> dict:
+        return {}
+
+    def _load_env_states(self, state: dict) -> None:
+        """Nothing to restore: episodes recorded but not yet trained on are not part of a checkpoint."""
+
+    def _start_serving(self) -> None:
+        # Imported here, as the base class imports Ray Serve: only runs that serve need it.
+        from agentgym_rl.serve.app import APP_NAME
+        from agentgym_rl.serve.deployment import STORE_NAMESPACE, episodes_name
+
+        super()._start_serving()
+        self.book = ray.get_actor(episodes_name(APP_NAME), namespace=STORE_NAMESPACE)
+
+    def step(self, iteration: int, display: Display) -> Step:
+        started = time.perf_counter()
+        groups, dropped = self._collect(iteration)
+        wait_s = time.perf_counter() - started
+        # Groups are numbered per iteration, as in a rollout; each episode goes to the object store once.
+        batch = [t.model_copy(update={"group": number}) for number, members in enumerate(groups) for t in members]
+        learner_metrics = self._update([ray.put(t) for t in batch])
+        sync_s = self._sync_weights(iteration) if learner_metrics.get("learner/optimizer_steps") else 0.0
+        book = ray.get(self.book.stats.remote())
+        record = {
+            "iteration": iteration,
+            "weights_version": self.weights_version,
+            **rollout_metrics(batch),
+            **group_metrics(self.algorithm, batch),
+            **learner_metrics,
+            "rollout/dropped_stale": float(dropped),
+            "episodes/waiting": float(sum(len(members) for members in self.waiting.values())),
+            **{f"episodes/{key}": float(value) for key, value in book.items()},
+            "time/rollout_s": wait_s,
+            "time/sync_s": sync_s,
+            "sync/bytes": self.sync_bytes if sync_s else 0,
+            "time/iteration_s": time.perf_counter() - started,
+        }
+        return Step(record, batch, [], {"episodes": len(batch), "groups": len(groups)})
+
+    def _collect(self, iteration: int) -> tuple[list[list[Trajectory]], int]:
+        """Wait for this iteration's groups (see the module docstring); returns them and the stale episodes
+        dropped meanwhile."""
+        cfg = self.config
+        size, wanted = cfg.algorithm.group_size, cfg.trainer.tasks_per_iteration
+        deadline = time.monotonic() + cfg.trainer.gateway.timeout_s
+        dropped = 0
+        while True:
+            for key, trajectory in ray.get(self.book.harvest.remote()):
+                if trajectory.weights_version < self.weights_version - cfg.trainer.max_staleness:
+                    dropped += 1
+                else:
+                    self.waiting[key].append(trajectory)
+            full = [key for key, members in self.waiting.items() if len(members) >= size]
+            if len(full) >= wanted or (full and time.monotonic() >= deadline):
+                break
+            time.sleep(cfg.trainer.gateway.poll_s)
+        groups = []
+        for key in full[:wanted]:  # the groups completed first
+            groups.append(self.waiting[key][:size])
+            self.waiting[key] = self.waiting[key][size:]
+            if not self.waiting[key]:
+                del self.waiting[key]
+        log.info("episodes collected", iteration=iteration, groups=len(groups), dropped_stale=dropped)
+        return groups, dropped
