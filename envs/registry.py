@@ -27,8 +27,15 @@ def env_class(name: str) -> type[TextEnv]:
     such as an env actor finds an env that was registered elsewhere); raises EnvError otherwise."""
     if name not in _REGISTRY and ":" not in name:
         raise EnvError(f"unknown env {name!r}; registered envs: {', '.join(names())}")
-    module_name, _, attr = _REGISTRY.get(name, name).partition(":")
-    return getattr(importlib.import_module(module_name), attr)
+    target = _REGISTRY.get(name, name)
+    module_name, _, attr = target.partition(":")
+    try:
+        found = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as exc:  # ValueError: an empty or relative module name
+        raise EnvError(f"env {name!r} names {target!r}, which cannot be loaded: {exc}") from exc
+    if not (isinstance(found, type) and issubclass(found, TextEnv)):
+        raise EnvError(f"env {name!r} names {target!r}, which is not a TextEnv subclass")
+    return found
 
 
 def make(name: str, options: dict[str, Any] | None = None) -> TextEnv:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -23,6 +23,29 @@ class ChatMessage(Body):
     name: str | None = Field(None, description="Accepted for OpenAI compatibility; not shown to the model.")
 
 
+class HistoryMessage(ChatMessage):
+    role: Literal["user", "assistant"] = Field(description="Who wrote the message (the system prompt is the env's).")
+
+
+StopString = Annotated[str, Field(min_length=1)]
+# The rules between fields that the validators below check, in the request schema as well (JSON Schema's
+# if/then), so that a client generated from it, or a fuzzer, knows them.
+CHAT_RULES = [
+    {  # max_tokens and max_completion_tokens: one of them
+        "if": {"properties": {"max_tokens": {"type": "integer"}}, "required": ["max_tokens"]},
+        "then": {"properties": {"max_completion_tokens": {"type": "null"}}},
+    },
+    {  # top_logprobs needs logprobs
+        "if": {"properties": {"top_logprobs": {"type": "integer", "minimum": 1}}, "required": ["top_logprobs"]},
+        "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]},
+    },
+    {  # stream_options needs stream
+        "if": {"properties": {"stream_options": {"type": "object"}}, "required": ["stream_options"]},
+        "then": {"properties": {"stream": {"const": True}}, "required": ["stream"]},
+    },
+]
+
+
 class StreamOptions(Body):
     include_usage: bool | None = Field(None, description="Send a final chunk with token usage before `[DONE]`.")
 
@@ -30,16 +53,18 @@ class StreamOptions(Body):
 class ChatCompletionRequest(Body):
     """The chat-completions fields this server honours; ``null`` means the default, as in OpenAI's API."""
 
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"allOf": CHAT_RULES})
+
     model: str = Field(description="Served model id (see GET /v1/models).")
     messages: list[ChatMessage] = Field(min_length=1, description="The conversation so far.")
     max_tokens: int | None = Field(None, ge=1, description="Cap on generated tokens (default: the server cap).")
-    max_completion_tokens: int | None = Field(None, ge=1, description="Newer name of `max_tokens`.")
+    max_completion_tokens: int | None = Field(None, ge=1, description="Newer name of `max_tokens` (give one).")
     temperature: float | None = Field(
         None, ge=0.0, le=2.0, description="Sampling temperature (default 1); 0 picks the likeliest token."
     )
     top_p: float | None = Field(None, gt=0.0, le=1.0, description="Nucleus sampling mass (default 1).")
     n: int | None = Field(None, ge=1, description="Completions per request (default 1; at most serve.max_n).")
-    stop: str | list[str] | None = Field(
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = Field(
         None, description="Up to 4 strings; the text ends before the first one sampled (it is not returned)."
     )
     seed: int | None = Field(None, description="Same seed, same request: the same completion, whatever else runs.")
@@ -73,9 +98,8 @@ class ChatCompletionRequest(Body):
 
     @model_validator(mode="after")
     def _consistent(self) -> ChatCompletionRequest:
-        both = self.max_tokens is not None and self.max_completion_tokens is not None
-        if both and self.max_tokens != self.max_completion_tokens:
-            raise ValueError("give max_tokens or max_completion_tokens, not two different values")
+        if self.max_tokens is not None and self.max_completion_tokens is not None:
+            raise ValueError("give max_completion_tokens or max_tokens (its older name), not both")
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=true")
         if self.stream_options is not None and not self.stream:
@@ -178,7 +202,7 @@ class ActRequest(Body):
 
     env: str = Field(description="Registered environment name (its instruction and action parser are used).")
     observation: str = Field(description="The current observation, sent as the last user message.")
-    history: list[ChatMessage] = Field(
+    history: list[HistoryMessage] = Field(
         default_factory=list,
         description="Earlier user/assistant turns of the episode, oldest first (no system message: the env's "
         "instruction is the system prompt).",
@@ -186,12 +210,6 @@ class ActRequest(Body):
     max_tokens: int | None = Field(None, ge=1, description="Cap on generated tokens (default: the server cap).")
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature; 0 picks the likeliest token.")
     seed: int | None = Field(None, description="Same seed, same request: the same completion.")
-
-    @model_validator(mode="after")
-    def _no_system_in_history(self) -> ActRequest:
-        if any(m.role == "system" for m in self.history):
-            raise ValueError("history must not contain a system message: the env's instruction is the system prompt")
-        return self
 
 
 class ActResponse(BaseModel):
@@ -277,6 +295,16 @@ class EpisodeOpened(EpisodeInfo):
 
 class EpisodeReward(Body):
     """Close an episode with one outcome reward (given to its last turn) or one reward per turn."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "oneOf": [
+                {"properties": {"reward": {"type": "number"}}, "required": ["reward"]},
+                {"properties": {"rewards": {"type": "array"}}, "required": ["rewards"]},
+            ]
+        },
+    )
 
     reward: float | None = Field(None, description="The outcome reward.")
     rewards: list[float] | None = Field(None, description="One reward per recorded turn, in order.")

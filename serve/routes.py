@@ -26,6 +26,7 @@ from agentgym_rl.actors.lora import policy_source
 from agentgym_rl.actors.models import load_tokenizer
 from agentgym_rl.configs.schema import ServeConfig
 from agentgym_rl.envs import EnvError, InvalidAction, TextEnv, make
+from agentgym_rl.envs.registry import names as env_names
 from agentgym_rl.serve.deployment import GenerateResult, StreamStart
 from agentgym_rl.serve.episodes import Refusal, split_token, token_of
 from agentgym_rl.serve.errors import ERROR_STATUSES, APIError, install_error_handlers, sse_error
@@ -195,13 +196,26 @@ class PolicyAPI:
         return ids
 
     def env(self, name: str) -> TextEnv:
+        """A registered env by name (never a ``module:Class`` path: a request does not choose what is imported)."""
+        if name not in env_names():
+            raise APIError(
+                404,
+                f"unknown env {name!r}; registered envs: {', '.join(env_names())}",
+                param="env",
+                code="env_not_found",
+            )
         if name not in self.envs:
             try:
                 self.envs[name] = make(name)
             except EnvError as exc:
                 raise APIError(404, str(exc), param="env", code="env_not_found") from exc
             except ValueError as exc:  # the env needs options (e.g. a server address) that /v1/act cannot pass
-                raise APIError(400, f"env {name!r} cannot be created without options: {exc}", param="env") from exc
+                raise APIError(
+                    404,
+                    f"env {name!r} is not available here: it needs options that /v1/act cannot pass ({exc})",
+                    param="env",
+                    code="env_not_available",
+                ) from exc
         return self.envs[name]
 
     def completion_request(self, body: ChatCompletionRequest, prompt_ids: list[int] | None = None) -> CompletionRequest:
@@ -381,6 +395,30 @@ class PolicyAPI:
             await stream.aclose()
 
 
+def declare_limits(schemas: dict, api: PolicyAPI) -> None:
+    """Write what this server accepts into its request schemas: the served model id, the registered envs,
+    the caps (``serve.max_tokens``, ``max_n``) and the episodes' reward range. Other values get 400 or 404,
+    so a client reading the schema should know them."""
+    limits = api.limits
+    schemas["ChatCompletionRequest"]["properties"]["model"]["enum"] = [api.model_id]
+    schemas["ActRequest"]["properties"]["env"]["enum"] = env_names()
+
+    def bound(model: str, field: str, **bounds: float) -> None:
+        declared = schemas[model]["properties"][field]
+        for branch in declared.get("anyOf", [declared]):
+            target = branch.get("items", branch) if branch.get("type") == "array" else branch
+            if target.get("type") in ("integer", "number"):
+                target.update(bounds)
+
+    for field in ("max_tokens", "max_completion_tokens"):
+        bound("ChatCompletionRequest", field, maximum=limits.max_tokens)
+    bound("ChatCompletionRequest", "n", maximum=limits.max_n)
+    bound("ActRequest", "max_tokens", maximum=limits.max_tokens)
+    low, high = limits.episodes.reward_range
+    for field in ("reward", "rewards"):
+        bound("EpisodeReward", field, minimum=low, maximum=high)
+
+
 def messages_of(body: ChatCompletionRequest) -> list[dict[str, str]]:
     return [m.model_dump(exclude={"name"}) for m in body.messages]
 
@@ -446,6 +484,7 @@ def build_api(api: PolicyAPI) -> FastAPI:
                 [(model, "validation") for model in DECLARED_BY_HAND], ref_template="#/components/schemas/{model}"
             )
             schema.setdefault("components", {}).setdefault("schemas", {}).update(defs["$defs"])
+            declare_limits(schema["components"]["schemas"], api)
             app.openapi_schema = schema
         return app.openapi_schema
 
@@ -476,7 +515,15 @@ def build_api(api: PolicyAPI) -> FastAPI:
                 "description": "The completion; with `stream: true` server-sent events of chunks, then `[DONE]`.",
                 "content": {
                     "application/json": {"schema": {"$ref": "#/components/schemas/ChatCompletion"}},
-                    "text/event-stream": {"schema": {"type": "string"}},
+                    # Each event (OpenAPI before 3.2 describes an event stream by its events): `data` is a
+                    # ChatCompletionChunk as JSON, an error object, or `[DONE]`.
+                    "text/event-stream": {
+                        "schema": {
+                            "type": "object",
+                            "required": ["data"],
+                            "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+                        }
+                    },
                 },
             },
             **errors(*keyed, 400, 403, 404, 409, 413, 429, 503),
