@@ -10,7 +10,13 @@ or a time budget runs out; the table reports requests/s, generated tokens/s, p50
 requests, and the ratio of served tokens/s to the same engine's tokens/s when this process calls
 ``generate`` directly on batches of C prompts (no HTTP, no scheduling: the ceiling). The last line is
 JSON:
-``{"ratios": {"served_vs_engine_c1": ..., "served_vs_engine_c8": ..., "served_vs_engine_c32": ...}, "errors": N}``.
+``{"ratios": {"served_vs_engine_c1": ..., "served_vs_engine_c8": ..., "served_vs_engine_c32": ...,
+"recorded_vs_plain_c8": ..., "recorded_vs_plain_c32": ...}, "errors": N}``.
+
+The ``recorded_vs_plain`` rows measure what recording episodes costs: C clients play two-turn
+conversations for half the time budget, each conversation an episode (opened, both calls tagged with its
+token, its reward posted) or plain calls with the same messages; the ratio is recorded over plain
+generated tokens/s, the plain runs made before and after the recorded one and averaged.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from agentgym_rl.serve.app import ServeArgs, start_server, stop_server
 DTYPE = "auto"  # the server's default; the bare engine computes in the same dtype
 MESSAGES = [{"role": "user", "content": "Go to the red ball. What is your next action?"}]
 CONCURRENCY = (1, 8, 32)
+RECORDED_CONCURRENCY = (8, 32)  # clients for the episode-recording rows
 # tiny-random's p99 latency before continuous batching (static `serve.batch` batches, README of that version).
 P99_MS_BEFORE = {"tiny-random": {1: 2449.0, 8: 16987.0, 32: 40402.0}}
 
@@ -102,6 +109,38 @@ async def load_test(
     }
 
 
+async def conversation_load_test(
+    url: str, model: str, clients: int, budget_s: float, max_tokens: int, *, record: bool
+) -> float:
+    """Generated tokens/s of C clients each playing two-turn conversations back to back for ``budget_s``;
+    with ``record``, each conversation is an episode (opened, its calls tagged, its reward posted), whose
+    requests count in the time too."""
+    tokens = 0
+    deadline = time.perf_counter() + budget_s
+
+    async def client(http: httpx.AsyncClient) -> None:
+        nonlocal tokens
+        while time.perf_counter() < deadline:
+            headers = {}
+            if record:
+                opened = (await http.post(url + "/v1/episodes", json={"group": "bench"})).json()
+                headers = {"X-Episode-Token": opened["token"]}
+            messages = list(MESSAGES)
+            for _ in range(2):
+                body = {"model": model, "messages": messages, "max_tokens": max_tokens}
+                reply = (await http.post(url + "/v1/chat/completions", json=body, headers=headers)).json()
+                tokens += reply["usage"]["completion_tokens"]
+                text = reply["choices"][0]["message"]["content"]
+                messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "What next?"}]
+            if record:
+                await http.post(f"{url}/v1/episodes/{opened['id']}/reward", json={"reward": 0.0}, headers=headers)
+
+    async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=clients)) as http:
+        started = time.perf_counter()
+        await asyncio.gather(*(client(http) for _ in range(clients)))
+        return tokens / (time.perf_counter() - started)
+
+
 def bare_engine_tokens_per_s(model: str, batch: int, rounds: int, max_tokens: int) -> float:
     """Tokens/s of ``generate`` on batches of ``batch`` copies of the benchmark prompt, in this process."""
     tokenizer = load_tokenizer(model)
@@ -145,6 +184,13 @@ def main() -> None:
         asyncio.run(load_test(url, model, 4, 8, 30.0, max_tokens))  # warm-up: replica threads, proxy routes
         threads = httpx.get(url + "/v1/policy").json()["torch_threads"]  # what the replica resolved
         served = {c: asyncio.run(load_test(url, model, c, requests, budget_s, max_tokens)) for c in CONCURRENCY}
+        # Episode recording on against off, the plain runs before and after the recorded one (drift).
+        recording = {}
+        for c in RECORDED_CONCURRENCY:
+            plain = [asyncio.run(conversation_load_test(url, model, c, budget_s / 2, max_tokens, record=False))]
+            recorded = asyncio.run(conversation_load_test(url, model, c, budget_s / 2, max_tokens, record=True))
+            plain.append(asyncio.run(conversation_load_test(url, model, c, budget_s / 2, max_tokens, record=False)))
+            recording[c] = (statistics.mean(plain), recorded)
     finally:
         stop_server()
     bare = {c: (bare_before[c] + bare_engine_tokens_per_s(model, c, rounds, max_tokens)) / 2 for c in CONCURRENCY}
@@ -167,7 +213,12 @@ def main() -> None:
     print("measurement before and one after the served runs); served/engine = served tok/s / engine tok/s;")
     print("p99 before: the same benchmark before continuous batching (static batches), from the previous README.")
     print(f"p99 latency at 32 clients: {served[32]['p99_ms']:.0f} ms (before continuous batching: {before[32]:.0f} ms)")
+    print("\nepisode recording: two-turn conversations, each an episode (opened, calls tagged, reward posted) or not")
+    print(f"{'clients':>7} {'plain tok/s':>11} {'recorded tok/s':>14} {'recorded/plain':>14}")
+    for c, (plain, recorded) in recording.items():
+        print(f"{c:>7} {plain:>11.1f} {recorded:>14.1f} {recorded / plain:>14.2f}")
     ratios = {f"served_vs_engine_c{c}": round(served[c]["tok_s"] / bare[c], 4) for c in CONCURRENCY}
+    ratios |= {f"recorded_vs_plain_c{c}": round(recorded / plain, 4) for c, (plain, recorded) in recording.items()}
     print(json.dumps({"ratios": ratios, "errors": sum(served[c]["errors"] for c in CONCURRENCY)}))
 
 
