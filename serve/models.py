@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from agentgym_rl.actors.engines.sampling import MAX_TOP_LOGPROBS
 
@@ -27,7 +27,14 @@ class HistoryMessage(ChatMessage):
     role: Literal["user", "assistant"] = Field(description="Who wrote the message (the system prompt is the env's).")
 
 
-StopString = Annotated[str, Field(min_length=1)]
+# What `stop` accepts (the validator below says so in its error, naming `stop`).
+STOP_SCHEMA = {
+    "anyOf": [
+        {"type": "string", "minLength": 1},
+        {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": MAX_STOP_STRINGS},
+        {"type": "null"},
+    ]
+}
 # The rules between fields that the validators below check, in the request schema as well (JSON Schema's
 # if/then), so that a client generated from it, or a fuzzer, knows them.
 CHAT_RULES = [
@@ -64,7 +71,7 @@ class ChatCompletionRequest(Body):
     )
     top_p: float | None = Field(None, gt=0.0, le=1.0, description="Nucleus sampling mass (default 1).")
     n: int | None = Field(None, ge=1, description="Completions per request (default 1; at most serve.max_n).")
-    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = Field(
+    stop: Annotated[str | list[str] | None, WithJsonSchema(STOP_SCHEMA)] = Field(
         None, description="Up to 4 strings; the text ends before the first one sampled (it is not returned)."
     )
     seed: int | None = Field(None, description="Same seed, same request: the same completion, whatever else runs.")
