@@ -56,7 +56,9 @@ def server(ray_local, checkpoint):
         max_n=3,
         kv_cache_tokens=8192,
     )
-    handle = start_server(ServeArgs(checkpoint=str(checkpoint), serve=config))
+    # float32: the seeded-replay tests compare served text with a local engine's, and bfloat16 CPU kernels are
+    # not batch-invariant (a 32-stream batch and a lone request can round a near-tie apart).
+    handle = start_server(ServeArgs(checkpoint=str(checkpoint), dtype="float32", serve=config))
     yield {"url": f"http://127.0.0.1:{port}", "handle": handle}
     stop_server()
 
@@ -577,7 +579,7 @@ def test_32_concurrent_streams_complete_correctly_across_a_weight_swap(server, c
         engines[version] = make_engine(
             "transformers",
             model_name=str(checkpoint / "policy"),
-            dtype="auto",
+            dtype="float32",
             seed=0,
             stop_token_ids=[chat.tokenizer.eos_token_id],
             pad_token_id=chat.tokenizer.pad_token_id,
