@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 from pathlib import Path
@@ -244,10 +245,8 @@ def delete_app(app_name: str = APP_NAME) -> None:
     """Delete the application, its weights store and its episodes; Serve itself keeps running."""
     serve.delete(app_name)
     for name in (store_name(app_name), episodes_name(app_name)):
-        try:
+        with contextlib.suppress(ValueError):  # no replica ever started, so there is no such actor
             ray.kill(ray.get_actor(name, namespace=STORE_NAMESPACE))
-        except ValueError:  # no replica ever started, so there is no store
-            pass
 
 
 def stop_server(app_name: str = APP_NAME) -> None:

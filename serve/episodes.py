@@ -330,7 +330,6 @@ class EpisodeBook:
         return taken
 
     def trajectory(self, episode: Episode) -> Trajectory:
-        messages = list(episode.messages)
         return Trajectory(
             env=episode.env,
             task_id=episode.task_id,
@@ -340,7 +339,7 @@ class EpisodeBook:
             logprobs=episode.logprobs,
             prompt_length=episode.prompt_length,
             turn_spans=episode.turn_spans,
-            messages=messages,
+            messages=list(episode.messages),
             actions=episode.replies,
             step_rewards=episode.step_rewards,
             turn_capped=episode.turn_capped,
