@@ -95,17 +95,23 @@ class Header:
         return sum(t.num_bytes for t in self.tensors)
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
 def free_address() -> tuple[str, int]:
-    """This node's address (as Ray knows it, else loopback) and a TCP port free on it now."""
+    """This node's address (as Ray knows it, else loopback) and a TCP port free on it now: where a process
+    group hosted here meets (a weight group, a learner group)."""
     try:
         import ray
 
         host = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
     except ImportError:
         host = "127.0.0.1"
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return host, sock.getsockname()[1]
+    return host, free_port(host)
 
 
 class WeightGroup:

@@ -10,7 +10,6 @@ actor), so its local device is always its first visible one.
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass
 
 import ray
@@ -18,6 +17,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from agentgym_rl.actors.cluster import ClusterError, Colocation, colocated_bundle, learner_request
+from agentgym_rl.actors.weight_sync import free_address
 from agentgym_rl.configs import Config
 from agentgym_rl.learner.actor import LearnerActor
 
@@ -97,15 +97,7 @@ def start_learners(config: Config, total_updates: int) -> LearnerGroup:
 @ray.remote(num_cpus=0)
 def meeting_point() -> tuple[str, int]:
     """This node's address and a TCP port free on it: where a learner group's process group meets."""
-    address = ray.util.get_node_ip_address()
-    return address, free_port(address)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` now."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    return free_address()
 
 
 def total_updates(config: Config) -> int:

@@ -12,9 +12,9 @@ import yaml
 from transformers import AutoModelForCausalLM
 
 from agentgym_rl.actors.rundir import RunDir
+from agentgym_rl.actors.weight_sync import free_port
 from agentgym_rl.driver.cli import main
 from agentgym_rl.driver.data import load_trajectories
-from agentgym_rl.driver.learners import free_port
 from agentgym_rl.envs import make
 from tests.e2e.test_serve_training import start_cli
 from tests.e2e.test_train_cli import run_cli

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agentgym_rl.driver.learners import free_port
+from agentgym_rl.actors.weight_sync import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = Path(sys.executable).parent / "agentgym-rl"

@@ -5,9 +5,9 @@ import ray
 import torch
 
 from agentgym_rl.actors.models import load_model
+from agentgym_rl.actors.weight_sync import free_port
 from agentgym_rl.actors.weights import unpack_state_dict
 from agentgym_rl.configs import Config
-from agentgym_rl.driver.learners import free_port
 from agentgym_rl.learner.actor import LearnerActor
 from tests.unit.learner.helpers import batch_of
 

@@ -13,8 +13,8 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 
 from agentgym_rl.actors.models import TINY_RANDOM
+from agentgym_rl.actors.weight_sync import free_port
 from agentgym_rl.configs.schema import EpisodesConfig, ServeConfig
-from agentgym_rl.driver.learners import free_port
 from agentgym_rl.envs.http import build_app
 from agentgym_rl.serve.app import ServeArgs, start_server, stop_server
 

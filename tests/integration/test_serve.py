@@ -21,9 +21,9 @@ from agentgym_rl.actors.chat import ChatFormat
 from agentgym_rl.actors.engines import make_engine
 from agentgym_rl.actors.engines.serving import choice_seed, seeded_generator
 from agentgym_rl.actors.models import load_model, load_tokenizer
+from agentgym_rl.actors.weight_sync import free_port
 from agentgym_rl.actors.weights import pack_state_dict
 from agentgym_rl.configs.schema import SamplingConfig, ServeConfig
-from agentgym_rl.driver.learners import free_port
 from agentgym_rl.serve.app import ServeArgs, build_app, delete_app, start_server, stop_server
 from agentgym_rl.serve.deployment import default_torch_threads
 from agentgym_rl.serve.text import ReplyText

@@ -19,7 +19,7 @@ import ray
 from fastapi import Body, FastAPI
 from fastapi.responses import PlainTextResponse
 
-from agentgym_rl.driver.learners import free_port
+from agentgym_rl.actors.weight_sync import free_port
 from agentgym_rl.envs.actor import create_env_actor
 from agentgym_rl.envs.base import EnvError
 from agentgym_rl.envs.http import AgentGymClient
