@@ -156,6 +156,10 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_envs(args: argparse.Namespace) -> int:
+    if (args.env is None) != (not args.instruction and args.tasks is None):
+        raise AgentGymError("envs: give an ENV together with --instruction or --tasks SPLIT, or neither")
+    if args.env is not None:
+        return show_env(args)
     print(f"{'env':<16} {'split':<6} {'tasks':>8}")
     for name in names():
         cls = env_class(name)
@@ -181,6 +185,26 @@ def cmd_envs(args: argparse.Namespace) -> int:
                     env.close()
         if doc:
             print(f"  {doc[0].replace('``', '')}")
+    return 0
+
+
+def show_env(args: argparse.Namespace) -> int:
+    """One env's system prompt (``--instruction``) or a split's task ids (``--tasks SPLIT``), for agents
+    written outside this project."""
+    try:
+        options = json.loads(args.options)
+    except json.JSONDecodeError as exc:
+        raise AgentGymError(f"--options is not JSON ({exc}): {args.options}") from exc
+    if not isinstance(options, dict):
+        raise AgentGymError(f"--options must be a JSON object, got {args.options}")
+    try:
+        env = make(args.env, options)
+    except pydantic.ValidationError as exc:
+        raise AgentGymError(format_validation_error(exc, f"{args.env} --options")) from exc
+    try:
+        print(env.instruction if args.instruction else " ".join(map(str, env.tasks(args.tasks))))
+    finally:
+        env.close()
     return 0
 
 
@@ -293,7 +317,15 @@ def build_parser() -> argparse.ArgumentParser:
     p_plot.add_argument("--title", default=None, help="figure title")
     p_plot.set_defaults(func=cmd_plot)
 
-    p_envs = sub.add_parser("envs", help="list environments with their splits and task counts")
+    p_envs = sub.add_parser(
+        "envs",
+        help="list environments with their splits and task counts, or print one env's system prompt or task ids",
+    )
+    p_envs.add_argument("env", nargs="?", metavar="ENV", help="one env, with --instruction or --tasks")
+    shown = p_envs.add_mutually_exclusive_group()
+    shown.add_argument("--instruction", action="store_true", help="print ENV's system prompt")
+    shown.add_argument("--tasks", metavar="SPLIT", help="print the task ids of ENV's SPLIT, space-separated")
+    p_envs.add_argument("--options", default="{}", help="ENV's options as JSON, e.g. '{\"test_seeds\": 50}'")
     p_envs.set_defaults(func=cmd_envs)
     return parser
 

@@ -35,6 +35,11 @@ CASES = {
     "missing run to plot": (["plot", "{tmp}/none", "--output", "{tmp}/p.png"], "none"),
     "missing run to export": (["data", "export", "{tmp}/none"], "none"),
     "missing run to view": (["view", "{tmp}/none"], "none"),
+    "env without what to show": (["envs", "babyai"], "--instruction or --tasks"),
+    "unknown env to show": (["envs", "nonesuch", "--instruction"], "nonesuch"),
+    "env options not an object": (["envs", "babyai", "--tasks", "test", "--options", "[1]"], "JSON object"),
+    "unknown env option": (["envs", "babyai", "--tasks", "test", "--options", '{{"colour": 1}}'], "colour"),
+    "unknown split": (["envs", "babyai", "--tasks", "dev"], "'dev'"),
     "serve setting": (["serve", "--model", "tiny-random", "--set", "serve.max_batch_sise=4"], "max_batch_sise"),
 }
 
@@ -50,3 +55,16 @@ def test_an_error_is_one_line_and_exit_2(case: str, tmp_path: Path, capsys):
     assert len(errors) == 1, err
     assert named in errors[0]
     assert "Traceback" not in err
+
+
+def test_envs_prints_an_envs_instruction_and_task_ids(capsys):
+    """What an agent written outside this project needs: the system prompt the env's episodes open with, and
+    the ids of a split restricted by the env's options."""
+    from agentgym_rl.envs import make
+
+    assert main(["envs", "babyai", "--instruction"]) == 0
+    assert capsys.readouterr().out.strip() == make("babyai").instruction.strip()
+    options = '{"levels": ["GoToRedBall", "GoToObjS6"], "test_seeds": 2}'
+    assert main(["envs", "babyai", "--tasks", "test", "--options", options]) == 0
+    # level i of BabyAI's 40 with seed s is task 40 s + i; GoToRedBall is level 1, GoToObjS6 level 3
+    assert capsys.readouterr().out.split() == ["1", "3", "41", "43"]
