@@ -5,8 +5,9 @@ with the env's reward. A run in `trainer.mode: gateway` behind that endpoint lea
     python docs/examples/gateway_agent.py --policy http://127.0.0.1:8000 --env http://127.0.0.1:36001 \\
         --model smollm2-135m-instruct --tasks 0 1 2 3 --group-size 2 --rounds 3
 
-Each round plays every task `--group-size` times; the games of one task share a group key, which group
-algorithms (GRPO, RLOO) compare. `--transcripts FILE` appends one JSON line per game: what the agent sent and
+Each round plays every task `--group-size` times (with `--tasks-per-round K`, the next K of `--tasks`,
+wrapping around); the games of one task share a group key, which group algorithms (GRPO, RLOO) compare.
+`--system-file` replaces the agent's short system prompt with the text of a file. `--transcripts FILE` appends one JSON line per game: what the agent sent and
 received, with the log-probabilities the endpoint returned.
 
 Without `--policy` and `--env` it starts both itself, for the length of the script: `agentgym-rl env-server
@@ -47,7 +48,7 @@ def play(args: argparse.Namespace, task_id: int, group: str, seed: int) -> dict:
     client = openai.OpenAI(base_url=f"{args.policy}/v1", api_key="unused", max_retries=3)
     env_id = requests.post(f"{args.env}/create", timeout=30).json()["id"]
     observation = requests.post(f"{args.env}/reset", json={"id": env_id, "data_idx": task_id}, timeout=30).json()
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": observation["observation"]}]
+    messages = [{"role": "system", "content": args.system}, {"role": "user", "content": observation["observation"]}]
     replies, reward = [], 0.0
     for turn in range(args.turns):
         completion = client.chat.completions.create(
@@ -115,15 +116,43 @@ def started(command: list[str], ready_url: str) -> Iterator[Started]:
             run.process.wait(timeout=120)
 
 
-def play_rounds(args: argparse.Namespace, first_round: int = 0) -> list[dict]:
+def round_tasks(args: argparse.Namespace, round_: int) -> list[int]:
+    """The tasks round ``round_`` plays: all of ``--tasks``, or the next ``--tasks-per-round`` of them."""
+    per_round = args.tasks_per_round or len(args.tasks)
+    return [args.tasks[(round_ * per_round + i) % len(args.tasks)] for i in range(per_round)]
+
+
+def play_rounds(args: argparse.Namespace, first_round: int = 0, rounds: int | None = None) -> list[dict]:
     games = [
-        (task, f"round{r}-task{task}", (r * len(args.tasks) + i) * args.group_size + k)
-        for r in range(first_round, first_round + args.rounds)
-        for i, task in enumerate(args.tasks)
+        (task, f"round{r}-task{task}", (r * len(tasks) + i) * args.group_size + k)
+        for r in range(first_round, first_round + (rounds or args.rounds))
+        for tasks in [round_tasks(args, r)]
+        for i, task in enumerate(tasks)
         for k in range(args.group_size)
     ]
     with ThreadPoolExecutor(args.parallel) as pool:
         return list(pool.map(lambda game: play(args, *game), games))
+
+
+def weights_version(args: argparse.Namespace) -> int:
+    return requests.get(f"{args.policy}/v1/policy", timeout=30).json()["weights_version"]
+
+
+def play_on_policy(args: argparse.Namespace) -> list[dict]:
+    """One round at a time, each after the endpoint has loaded weights newer than the last round's."""
+    results = []
+    for round_ in range(args.rounds):
+        version = weights_version(args)
+        played = play_rounds(args, first_round=round_, rounds=1)
+        results += played
+        wins = sum(result["account"]["reward"] > 0 for result in played)
+        print(f"round {round_}: weights version {version}, {wins} of {len(played)} games won", flush=True)
+        deadline = time.monotonic() + args.wait_s
+        while round_ + 1 < args.rounds and weights_version(args) <= version:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the endpoint's weights stayed at version {version} for {args.wait_s:g} s")
+            time.sleep(2)
+    return results
 
 
 def check_the_run_trained_on_these_games(run: Path, results: list[dict], group_size: int) -> None:
@@ -157,14 +186,23 @@ def main() -> None:
     parser.add_argument("--env", help="a BabyAI env server, AgentGym protocol (default: start one)")
     parser.add_argument("--model", help="the served model id (default: the endpoint's only model)")
     parser.add_argument("--tasks", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--tasks-per-round", type=int, help="play the next K of --tasks each round (default: all)")
     parser.add_argument("--group-size", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=12)
     parser.add_argument("--parallel", type=int, default=4, help="games played at once")
+    parser.add_argument("--system-file", help="a file holding the system prompt (default: a short one of its own)")
+    parser.add_argument(
+        "--on-policy",
+        action="store_true",
+        help="play one round at a time, each once the endpoint serves newer weights than the round before",
+    )
+    parser.add_argument("--wait-s", type=float, default=1800.0, help="--on-policy: longest wait for new weights")
     parser.add_argument("--transcripts", help="append one JSON line per game to this file")
     parser.add_argument("--run-dir", help="where the started gateway run writes (default: a temporary folder)")
     args = parser.parse_args()
+    args.system = Path(args.system_file).read_text().strip() if args.system_file else SYSTEM
     with contextlib.ExitStack() as stack:
         cli = str(Path(sys.executable).parent / "agentgym-rl")
         if args.env is None:
@@ -198,7 +236,7 @@ def main() -> None:
             [args.model] = [
                 model["id"] for model in requests.get(f"{args.policy}/v1/models", timeout=30).json()["data"]
             ]
-        results = play_rounds(args)
+        results = play_on_policy(args) if args.on_policy else play_rounds(args)
         if run is not None:  # a round per iteration, until the run has trained twice
             results += play_rounds(args, first_round=args.rounds)
             trainer.process.wait(timeout=900)
