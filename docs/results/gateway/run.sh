@@ -2,6 +2,10 @@
 # The learning run of README "Training your own agent through the endpoint", from the repository root:
 #
 #   docs/results/gateway/run.sh [RUNS_DIR]
+#   AGENT_PYTHON=/path/to/python docs/results/gateway/run.sh   # the agent in a Python of your own
+#
+# The agent is a program apart from this project: it needs only `openai` and `requests`, which
+# `./install.sh --dev` puts in .venv, or a Python of your own named by AGENT_PYTHON.
 #
 # Starts a BabyAI env server (AgentGym's protocol, port 36001) and a gateway run of
 # configs/babyai_gateway.yaml (the SFT policy served on 127.0.0.1:8000), then plays
@@ -14,6 +18,11 @@ set -euo pipefail
 runs=${1:-runs}
 cli=.venv/bin/agentgym-rl
 python=.venv/bin/python
+agent_python=${AGENT_PYTHON:-$python}
+"$agent_python" -c "import openai, requests" 2>/dev/null || {
+  echo "run.sh: $agent_python lacks openai or requests; run ./install.sh --dev or set AGENT_PYTHON" >&2
+  exit 2
+}
 out=docs/results/gateway
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
 levels='{"levels": ["GoToRedBallGrey", "GoToRedBall", "GoToRedBallNoDists", "GoToObjS6"], "test_seeds": 50}'
@@ -24,8 +33,8 @@ trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 read -ra tasks <<< "$("$cli" envs babyai --tasks train --options "$levels")"
 "$cli" env-server babyai --port 36001 > "$work/env-server.log" 2>&1 &
 train_cmd=("$cli" train configs/babyai_gateway.yaml --set "run.dir=$runs")
-agent_cmd=("$python" docs/examples/gateway_agent.py --policy http://127.0.0.1:8000 --env http://127.0.0.1:36001
-  --model smollm2-135m-instruct --system-file "$work/system.txt" --tasks "${tasks[@]:0:72}" --tasks-per-round 6
+agent_cmd=("$agent_python" docs/examples/gateway_agent.py --policy http://127.0.0.1:8000 --env http://127.0.0.1:36001
+  --system-file "$work/system.txt" --tasks "${tasks[@]:0:72}" --tasks-per-round 6
   --group-size 4 --rounds 12 --turns 4 --max-tokens 48 --parallel 24 --on-policy --transcripts "$work/games.jsonl")
 t0=$(date +%s)
 "${train_cmd[@]}" > "$work/train.log" 2>&1 &
