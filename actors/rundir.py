@@ -88,3 +88,18 @@ class RunDir:
     def latest_checkpoint(self) -> Path | None:
         complete = self.complete_checkpoints()
         return complete[-1] if complete else None
+
+
+def latest_if_run(folder: Path) -> Path:
+    """``folder``'s latest complete checkpoint when ``folder`` is a run directory (it holds the run's config and
+    ``checkpoints/``), else ``folder`` itself.
+
+    Raises:
+        FileNotFoundError: a run directory without a complete checkpoint.
+    """
+    if not ((folder / CONFIG_FILE).is_file() and (folder / "checkpoints").is_dir()):
+        return folder
+    latest = RunDir(folder).latest_checkpoint()
+    if latest is None:
+        raise FileNotFoundError(f"{folder}: run directory without a complete checkpoint")
+    return latest

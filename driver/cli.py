@@ -236,7 +236,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p_serve = sub.add_parser("serve", help="serve a policy over HTTP (OpenAI-compatible chat, /v1/act)")
     source = p_serve.add_mutually_exclusive_group(required=True)
-    source.add_argument("--checkpoint", metavar="DIR", help="checkpoint directory (with policy/) or model directory")
+    source.add_argument(
+        "--checkpoint",
+        metavar="DIR",
+        help="a run's checkpoints/iter_N dir, a run dir (its latest checkpoint) or a model or adapter dir",
+    )
     source.add_argument("--model", metavar="NAME", help="built-in model name or local Hugging Face directory")
     p_serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p_serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")

@@ -24,7 +24,7 @@ from agentgym_rl.actors.cluster import init_ray, node_capacities, plan_actors
 from agentgym_rl.actors.lora import is_policy_dir, policy_source
 from agentgym_rl.actors.models import model_dir
 from agentgym_rl.actors.pools import SamplerPool, completed
-from agentgym_rl.actors.rundir import CONFIG_FILE, POLICY_DIR, RunDir
+from agentgym_rl.actors.rundir import CONFIG_FILE, POLICY_DIR, RunDir, latest_if_run
 from agentgym_rl.actors.sampler import EpisodeRequest
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.configs import Config, ConfigError, load_config
@@ -198,11 +198,10 @@ def resolve_checkpoint(path: str) -> tuple[Path, Path, RunDir | None]:
     folder = Path(path).expanduser()
     if folder.name == POLICY_DIR and folder.parent.parent.name == "checkpoints":
         folder = folder.parent
-    if (folder / CONFIG_FILE).is_file() and (folder / "checkpoints").is_dir():
-        latest = RunDir(folder).latest_checkpoint()
-        if latest is None:
-            raise EvalError(f"--checkpoint {path}: run directory without a complete checkpoint")
-        folder = latest
+    try:
+        folder = latest_if_run(folder)
+    except FileNotFoundError as exc:
+        raise EvalError(f"--checkpoint {path}: run directory without a complete checkpoint") from exc
     if is_policy_dir(folder / POLICY_DIR):
         policy = folder / POLICY_DIR
     elif is_policy_dir(folder):

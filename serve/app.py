@@ -17,7 +17,7 @@ from ray.serve.handle import DeploymentHandle
 from agentgym_rl.actors.cluster import actor_gpus
 from agentgym_rl.actors.lora import is_policy_dir, policy_source, read_checked_adapter
 from agentgym_rl.actors.models import model_dir
-from agentgym_rl.actors.rundir import POLICY_DIR
+from agentgym_rl.actors.rundir import POLICY_DIR, latest_if_run
 from agentgym_rl.configs import Config
 from agentgym_rl.configs.errors import AgentGymError
 from agentgym_rl.configs.schema import ServeConfig
@@ -50,7 +50,9 @@ class ServeArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     checkpoint: str | None = Field(
-        None, description="A checkpoint directory (its `policy/` Hugging Face dir) or a Hugging Face dir itself."
+        None,
+        description="A checkpoint directory (its `policy/` Hugging Face dir), a run directory (its latest checkpoint) "
+        "or a Hugging Face or adapter dir itself.",
     )
     model: str | None = Field(
         None, description="A built-in model name, a local Hugging Face directory or a LoRA adapter directory."
@@ -79,7 +81,10 @@ class ServeArgs(BaseModel):
         """The model name, Hugging Face directory or LoRA adapter directory the weights are read from."""
         if self.model is not None:
             return self.model
-        folder = Path(self.checkpoint).expanduser()
+        try:
+            folder = latest_if_run(Path(self.checkpoint).expanduser())
+        except FileNotFoundError as exc:
+            raise ValueError(f"checkpoint {self.checkpoint!r}: run directory without a complete checkpoint") from exc
         if is_policy_dir(folder / POLICY_DIR):
             return str(folder / POLICY_DIR)
         if is_policy_dir(folder):

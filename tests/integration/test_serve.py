@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -607,6 +608,19 @@ def test_config_contradictions_are_errors(checkpoint):
         ServeArgs(checkpoint=str(checkpoint), model="tiny-random")
     with pytest.raises(ValidationError, match="config.json"):
         ServeArgs(checkpoint=str(checkpoint.parent))
+
+
+def test_a_run_directory_serves_its_latest_complete_checkpoint(checkpoint, tmp_path: Path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("run: {name: run}\n")
+    with pytest.raises(ValidationError, match="run directory without a complete checkpoint"):
+        ServeArgs(checkpoint=str(run))
+    for name in ("iter_000002", "iter_000004", "iter_000006"):
+        shutil.copytree(checkpoint / "policy", run / "checkpoints" / name / "policy")
+    for name in ("iter_000002", "iter_000004"):  # iter_000006 has no trainer state: it was never completed
+        (run / "checkpoints" / name / "trainer.json").write_text("{}")
+    assert ServeArgs(checkpoint=str(run)).source == str(run / "checkpoints" / "iter_000004" / "policy")
 
 
 def test_update_reaches_every_replica(server, checkpoint):
