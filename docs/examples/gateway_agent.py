@@ -73,7 +73,14 @@ def play(args: argparse.Namespace, task_id: int, group: str, seed: int) -> dict:
     closed = requests.post(
         f"{args.policy}/v1/episodes/{episode['id']}/reward", json={"reward": reward}, headers=headers, timeout=30
     ).json()
-    return {"task_id": task_id, "group": group, "episode": episode["id"], "replies": replies, "account": closed}
+    return {
+        "task_id": task_id,
+        "group": group,
+        "episode": episode["id"],
+        "token": episode["token"],
+        "replies": replies,
+        "account": closed,
+    }
 
 
 def free_port() -> int:
@@ -138,8 +145,15 @@ def weights_version(args: argparse.Namespace) -> int:
     return requests.get(f"{args.policy}/v1/policy", timeout=30).json()["weights_version"]
 
 
-def play_on_policy(args: argparse.Namespace) -> list[dict]:
-    """One round at a time, each after the endpoint has loaded weights newer than the last round's."""
+def taken_for_training(args: argparse.Namespace, game: dict) -> bool:
+    """Whether the run has taken ``game``'s episode (the endpoint no longer holds it: 404)."""
+    headers = {"X-Episode-Token": game["token"]}
+    return requests.get(f"{args.policy}/v1/episodes/{game['episode']}", headers=headers, timeout=30).status_code == 404
+
+
+def play_paced(args: argparse.Namespace) -> list[dict]:
+    """One round at a time, each once the run has taken every game of the round before for training, or serves
+    newer weights (an iteration whose games all won or all lost trains nothing and publishes no weights)."""
     results = []
     for round_ in range(args.rounds):
         version = weights_version(args)
@@ -149,8 +163,10 @@ def play_on_policy(args: argparse.Namespace) -> list[dict]:
         print(f"round {round_}: weights version {version}, {wins} of {len(played)} games won", flush=True)
         deadline = time.monotonic() + args.wait_s
         while round_ + 1 < args.rounds and weights_version(args) <= version:
+            if all(taken_for_training(args, game) for game in played):
+                break
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the endpoint's weights stayed at version {version} for {args.wait_s:g} s")
+                raise TimeoutError(f"the run took none of round {round_}'s games for {args.wait_s:g} s")
             time.sleep(2)
     return results
 
@@ -194,11 +210,11 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=4, help="games played at once")
     parser.add_argument("--system-file", help="a file holding the system prompt (default: a short one of its own)")
     parser.add_argument(
-        "--on-policy",
+        "--paced",
         action="store_true",
-        help="play one round at a time, each once the endpoint serves newer weights than the round before",
+        help="play one round at a time, each once the run has taken the round before for training",
     )
-    parser.add_argument("--wait-s", type=float, default=1800.0, help="--on-policy: longest wait for new weights")
+    parser.add_argument("--wait-s", type=float, default=1800.0, help="--paced: longest wait for the run")
     parser.add_argument("--transcripts", help="append one JSON line per game to this file")
     parser.add_argument("--run-dir", help="where the started gateway run writes (default: a temporary folder)")
     args = parser.parse_args()
@@ -236,7 +252,7 @@ def main() -> None:
             [args.model] = [
                 model["id"] for model in requests.get(f"{args.policy}/v1/models", timeout=30).json()["data"]
             ]
-        results = play_on_policy(args) if args.on_policy else play_rounds(args)
+        results = play_paced(args) if args.paced else play_rounds(args)
         if run is not None:  # a round per iteration, until the run has trained twice
             results += play_rounds(args, first_round=args.rounds)
             trainer.process.wait(timeout=900)
@@ -244,7 +260,7 @@ def main() -> None:
             check_the_run_trained_on_these_games(run, results, args.group_size)
     if args.transcripts:
         with open(args.transcripts, "a") as out:
-            out.writelines(json.dumps(result) + "\n" for result in results)
+            out.writelines(json.dumps({k: v for k, v in result.items() if k != "token"}) + "\n" for result in results)
     wins = sum(result["account"]["reward"] > 0 for result in results)
     print(f"played {len(results)} games, {wins} won")
 

@@ -11,9 +11,10 @@
 # configs/babyai_gateway.yaml (the SFT policy served on 127.0.0.1:8000), then plays
 # docs/examples/gateway_agent.py against both: the env's own system prompt, 6 training tasks per round
 # (BabyAI's four easiest levels, seeds 50 and up), 4 games each, at most 4 turns, until the run has
-# trained its 12 iterations, one round per weights version (`--on-policy`). Writes docs/results/gateway/:
-# metrics.jsonl (the run's per-iteration metrics; success_rate is that of the games each iteration
-# trained on), config.yaml, commands, wall_seconds, and the agent's per-round lines in agent.log.
+# trained its 12 iterations, each round once the run has taken the one before (`--paced`). Writes
+# docs/results/gateway/: metrics.jsonl (the run's per-iteration metrics; success_rate is that of the
+# games each iteration trained on), config.yaml, commands, wall_seconds, and the agent's per-round lines
+# in agent.log.
 set -euo pipefail
 runs=${1:-runs}
 cli=.venv/bin/agentgym-rl
@@ -35,7 +36,7 @@ read -ra tasks <<< "$("$cli" envs babyai --tasks train --options "$levels")"
 train_cmd=("$cli" train configs/babyai_gateway.yaml --set "run.dir=$runs")
 agent_cmd=("$agent_python" docs/examples/gateway_agent.py --policy http://127.0.0.1:8000 --env http://127.0.0.1:36001
   --system-file "$work/system.txt" --tasks "${tasks[@]:0:72}" --tasks-per-round 6
-  --group-size 4 --rounds 12 --turns 4 --max-tokens 48 --parallel 24 --on-policy --transcripts "$work/games.jsonl")
+  --group-size 4 --rounds 12 --turns 4 --max-tokens 48 --parallel 24 --paced --transcripts "$work/games.jsonl")
 t0=$(date +%s)
 "${train_cmd[@]}" > "$work/train.log" 2>&1 &
 trainer=$!
