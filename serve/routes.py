@@ -11,7 +11,7 @@ from __future__ import annotations
 import hmac
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from typing import Annotated, Any, Protocol, TypeVar
 
 from fastapi import Depends, FastAPI, Header, Request
@@ -98,6 +98,33 @@ class Policy(Protocol):
 
 def fingerprint(weights_version: int) -> str:
     return f"weights-v{weights_version}"
+
+
+class EpisodeRecorder:
+    """Records the reply of one admitted episode call in the episode book, or gives the call up."""
+
+    def __init__(self, book: Any, token: str) -> None:
+        self.book, self.token, self.done = book, token, False
+
+    async def record(
+        self,
+        token_ids: Sequence[int],
+        logprobs: Sequence[float],
+        weights_version: int,
+        finish_reason: str | None,
+        text: str,
+    ) -> None:
+        """Keep the sampled reply (``text``: as the client got it); a refusal from the book raises."""
+        answered(
+            await self.book.record.remote(
+                self.token, list(token_ids), list(logprobs), weights_version, finish_reason == "length", text
+            )
+        )
+        self.done = True
+
+    async def abandon(self) -> None:
+        self.done = True
+        await self.book.abandon.remote(self.token)
 
 
 class PolicyAPI:
@@ -266,34 +293,35 @@ class PolicyAPI:
     async def complete(self, body: ChatCompletionRequest, request: CompletionRequest) -> ChatCompletion:
         return self.completion(body, request, await self.policy.generate(request))
 
-    async def complete_in_episode(self, token: str, body: ChatCompletionRequest) -> ChatCompletion:
+    async def complete_in_episode(self, token: str, body: ChatCompletionRequest) -> ChatCompletion | StreamingResponse:
         """A chat call of an episode: its book builds the prompt from the ids recorded so far, and the reply's
-        ids and log-probs are recorded exactly as sampled (unless the client's history no longer matches)."""
-        if body.stream:
-            raise APIError(400, "a call of an episode cannot stream; send stream: false", param="stream")
+        ids and log-probs are recorded exactly as sampled (unless the client's history no longer matches). A
+        streamed call records its reply before the stream's last event."""
         if (body.n or 1) != 1:
             raise APIError(400, f"a call of an episode samples one reply; n must be 1 (got {body.n})", param="n")
         cap = self.token_cap(body.requested_tokens, body.token_field)
         prepared = answered(await self.book.prepare.remote(token, messages_of(body), cap))
         request = self.completion_request(body, prepared.prompt_ids)
+        recorder = EpisodeRecorder(self.book, token) if prepared.recorded else None
         try:
+            if body.stream:
+                weights_version, stream = await self.open_stream(request)
+                events = self.sse(body, request, weights_version, stream, recorder)
+                return StreamingResponse(events, media_type="text/event-stream")
             result = await self.policy.generate(request)
         except BaseException:
-            if prepared.recorded:  # the episode goes back to where it was before this call
-                await self.book.abandon.remote(token)
+            if recorder is not None:  # the episode goes back to where it was before this call
+                await recorder.abandon()
             raise
         completion = self.completion(body, request, result)
-        if prepared.recorded:
+        if recorder is not None:
             choice = result.choices[0]
-            answered(
-                await self.book.record.remote(
-                    token,
-                    list(choice.token_ids),
-                    list(choice.logprobs),
-                    result.weights_version,
-                    choice.finish_reason == "length",
-                    completion.choices[0].message.content,
-                )
+            await recorder.record(
+                choice.token_ids,
+                choice.logprobs,
+                result.weights_version,
+                choice.finish_reason,
+                completion.choices[0].message.content,
             )
         return completion
 
@@ -344,10 +372,13 @@ class PolicyAPI:
         request: CompletionRequest,
         weights_version: int,
         stream: AsyncGenerator[StreamStart | list[ChoiceDelta], None],
+        recorder: EpisodeRecorder | None = None,
     ) -> AsyncIterator[str]:
         """SSE events: a role chunk per choice, a chunk per group of sampled tokens as they arrive, each
         choice's finish, the usage chunk when asked, then ``[DONE]``. Closing this generator (the client
-        went away) closes the generation, which frees its rows at the engine's next step."""
+        went away) closes the generation, which frees its rows at the engine's next step. With ``recorder``
+        (an episode's call, one choice), the reply is recorded before the usage chunk and ``[DONE]``; a stream
+        that ends otherwise leaves the episode as it was before the call."""
         ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
         def event(choices: list[ChunkChoice], usage: Usage | None = None) -> str:
@@ -364,6 +395,9 @@ class PolicyAPI:
 
         replies = [self.reply(request) for _ in range(request.n)]
         generated = 0
+        sampled: list[int] = []
+        logprobs_sampled: list[float] = []
+        finish_reason = None
         try:
             for index in range(request.n):
                 yield event([ChunkChoice(index=index, delta=Delta(role="assistant", content=""))])
@@ -371,6 +405,10 @@ class PolicyAPI:
                 delta: ChoiceDelta
                 for delta in deltas:
                     generated += len(delta.token_ids)
+                    if recorder is not None:
+                        sampled += delta.token_ids
+                        logprobs_sampled += delta.logprobs
+                        finish_reason = delta.finish_reason or finish_reason
                     reply = replies[delta.choice]
                     text = reply.push(delta.token_ids)
                     if delta.finish_reason is not None:
@@ -386,6 +424,8 @@ class PolicyAPI:
                             logprobs=logprobs,
                         )
                         yield event([choice])
+            if recorder is not None:
+                await recorder.record(sampled, logprobs_sampled, weights_version, finish_reason, replies[0].text)
             if body.stream_options is not None and body.stream_options.include_usage:
                 yield event([], _usage(len(request.prompt_ids), generated))
             yield "data: [DONE]\n\n"
@@ -393,6 +433,8 @@ class PolicyAPI:
             yield sse_error(exc)
         finally:
             await stream.aclose()
+            if recorder is not None and not recorder.done:
+                await recorder.abandon()
 
 
 def declare_limits(schemas: dict, api: PolicyAPI) -> None:

@@ -49,8 +49,9 @@ def open_episode(url: str, group: str | None = None) -> dict:
     return response.json()
 
 
-def play(url: str, token: str, turns: int, seed: int = 7) -> list[dict[str, str]]:
-    """An agent as a user of the plain openai client writes it: the whole history every call."""
+def play(url: str, token: str, turns: int, seed: int = 7, stream: bool = False) -> list[dict[str, str]]:
+    """An agent as a user of the plain openai client writes it: the whole history every call (``stream``: each
+    reply read from its stream of chunks)."""
     messages = list(OPENING)
     for turn in range(turns):
         reply = client(url).chat.completions.create(
@@ -58,12 +59,11 @@ def play(url: str, token: str, turns: int, seed: int = 7) -> list[dict[str, str]
             messages=messages,
             max_tokens=MAX_TOKENS,
             seed=seed + turn,
+            stream=stream,
             extra_headers={"X-Episode-Token": token},
         )
-        messages += [
-            {"role": "assistant", "content": reply.choices[0].message.content},
-            {"role": "user", "content": OBSERVATIONS[turn]},
-        ]
+        text = "".join(c.choices[0].delta.content or "" for c in reply) if stream else reply.choices[0].message.content
+        messages += [{"role": "assistant", "content": text}, {"role": "user", "content": OBSERVATIONS[turn]}]
     return messages
 
 
@@ -114,6 +114,32 @@ def test_the_ids_recorded_are_the_ids_the_replica_sampled_token_for_token(server
     ]
 
 
+def test_a_streamed_episode_records_what_the_same_calls_unstreamed_record(server):
+    played = {}
+    for stream in (False, True):
+        opened = open_episode(server, group=f"streamed-{stream}")
+        history = play(server, opened["token"], turns=2, stream=stream)
+        closed = httpx.post(
+            f"{server}/v1/episodes/{opened['id']}/reward",
+            json={"reward": 1.0},
+            headers={"X-Episode-Token": opened["token"]},
+        )
+        assert closed.status_code == 200 and closed.json()["turns"] == 2, closed.text
+        [trajectory] = [t for group, t in harvest() if group == f"streamed-{stream}"]
+        played[stream] = (history, trajectory)
+    (plain_history, plain), (streamed_history, streamed) = played[False], played[True]
+    assert streamed_history == plain_history  # the same seeded replies, whole or in chunks
+    assert (streamed.token_ids, streamed.turn_spans, streamed.loss_mask) == (
+        plain.token_ids,
+        plain.turn_spans,
+        plain.loss_mask,
+    )
+    assert torch.allclose(torch.tensor(streamed.logprobs), torch.tensor(plain.logprobs), atol=1e-5)
+    assert [m["content"] for m in streamed.messages if m["role"] == "assistant"] == [
+        m["content"] for m in streamed_history if m["role"] == "assistant"
+    ]
+
+
 def test_an_edited_reply_is_reported_on_the_episode_and_never_trains(server):
     opened = open_episode(server)
     token = opened["token"]
@@ -151,7 +177,7 @@ def bad_requests(url: str) -> dict[str, httpx.Response]:
             json={**chat, "messages": [{"role": "user", "content": "go " * 400}]},
             headers={"X-Episode-Token": other["token"]},
         ),
-        "streaming": httpx.post(f"{url}/v1/chat/completions", json={**chat, "stream": True}, headers=headers),
+        "two replies": httpx.post(f"{url}/v1/chat/completions", json={**chat, "n": 2}, headers=headers),
     }
     first = httpx.post(f"{url}/v1/episodes/{episode}/reward", json={"reward": 1.0}, headers=headers)
     found["reward twice"] = httpx.post(f"{url}/v1/episodes/{episode}/reward", json={"reward": 0.0}, headers=headers)
@@ -171,7 +197,7 @@ def test_bad_episode_requests_get_clear_4xx_while_a_good_client_keeps_being_serv
         "another episode's token": (403, "episode_forbidden"),
         "reward out of range": (400, "invalid_reward"),
         "over the context budget": (400, "context_length_exceeded"),
-        "streaming": (400, None),
+        "two replies": (400, None),
         "reward twice": (409, "episode_closed"),
     }
     for case, (status, code) in expected.items():
