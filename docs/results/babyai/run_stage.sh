@@ -4,7 +4,8 @@
 #   docs/results/babyai/run_stage.sh STAGE [RUNS_DIR]
 #   STAGE_SECONDS=5400 docs/results/babyai/run_stage.sh STAGE   # a part: stop training after that long
 #
-# STAGE is `base` (the base model, evaluated only) or the name of a config in configs/babyai/ (`sft`,
+# STAGE is `base` (the base model, evaluated only), `gateway` (the final adapter of docs/results/gateway/run.sh's
+# run in RUNS_DIR, evaluated only, written to docs/results/gateway/) or the name of a config in configs/babyai/ (`sft`,
 # `grpo_stepwise`, `grpo_fixed_short`, `grpo_fixed_long`, `gigpo_stepwise`). A training stage trains its
 # config into RUNS_DIR (default runs/babyai), resuming the run if RUNS_DIR already holds it, then writes
 # docs/results/babyai/STAGE/: adapter/ (the final adapter, its tensors stored in bfloat16 to keep the
@@ -23,6 +24,7 @@ runs=${2:-runs/babyai}
 cli=.venv/bin/agentgym-rl
 python=.venv/bin/python
 out=docs/results/babyai/$stage
+[[ $stage == gateway ]] && out=docs/results/gateway
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
 
 eval_args=(--env babyai --split test --max-turns 10 --config configs/babyai/grpo_stepwise.yaml
@@ -34,6 +36,10 @@ train_s=0
 
 if [[ $stage == base ]]; then
   eval_cmd=("$cli" eval --model smollm2-135m-instruct "${eval_args[@]}" --output "$out/eval.json")
+elif [[ $stage == gateway ]]; then  # trained by docs/results/gateway/run.sh; evaluated here like every row
+  run=$runs/babyai-gateway
+  latest=$(find "$run/checkpoints" -maxdepth 1 -name 'iter_*' | sort | tail -1)
+  [[ -n $latest ]] || { echo "run_stage.sh: no checkpoint in $run; run docs/results/gateway/run.sh first" >&2; exit 1; }
 else
   config=configs/babyai/$stage.yaml
   [[ -f $config ]] || { echo "run_stage.sh: no $config; stages: base, $(ls configs/babyai | sed 's/.yaml//' | xargs)" >&2; exit 2; }
@@ -83,6 +89,8 @@ else
     commands=("${earlier_commands[@]}" "${commands[@]}")
   fi
   rm -rf "$part"
+fi
+if [[ $stage != base ]]; then
   rm -rf "$out/adapter" && mkdir -p "$out/adapter"
   cp "$latest/policy/adapter_config.json" "$latest/policy/base_model.json" "$out/adapter/"
   "$python" - "$latest/policy/adapter_model.safetensors" "$out/adapter/adapter_model.safetensors" <<'EOF'
