@@ -22,7 +22,7 @@ from agentgym_rl.configs.errors import AgentGymError
 from agentgym_rl.configs.loader import format_validation_error
 from agentgym_rl.driver.run import prepare_run, train
 from agentgym_rl.envs import EnvError, env_class, make, names
-from agentgym_rl.envs.http.cli import add_server_arguments, run_server
+from agentgym_rl.envs.http.cli import add_server_arguments, parse_options, run_server
 
 log = structlog.get_logger()
 
@@ -192,11 +192,9 @@ def show_env(args: argparse.Namespace) -> int:
     """One env's system prompt (``--instruction``) or a split's task ids (``--tasks SPLIT``), for agents
     written outside this project."""
     try:
-        options = json.loads(args.options)
-    except json.JSONDecodeError as exc:
-        raise AgentGymError(f"--options is not JSON ({exc}): {args.options}") from exc
-    if not isinstance(options, dict):
-        raise AgentGymError(f"--options must be a JSON object, got {args.options}")
+        options = parse_options(args.options)
+    except (ValueError, TypeError) as exc:
+        raise AgentGymError(str(exc)) from exc
     try:
         env = make(args.env, options)
     except pydantic.ValidationError as exc:

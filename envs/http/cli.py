@@ -31,11 +31,27 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token", default=None, help="require this bearer token (default: $AGENTGYM_ENV_TOKEN)")
 
 
+def parse_options(text: str) -> dict:
+    """An env's ``--options`` JSON object.
+
+    Raises:
+        ValueError: the text is not JSON.
+        TypeError: it is JSON but not an object.
+    """
+    try:
+        options = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--options is not JSON ({exc}): {text}") from exc
+    if not isinstance(options, dict):
+        raise TypeError(f"--options must be a JSON object, got {text}")
+    return options
+
+
 def run_server(args: argparse.Namespace) -> int:
     """Serve ``args.env``; returns 2 (after saying why) for a bad env name or bad options."""
     token = args.token or os.environ.get("AGENTGYM_ENV_TOKEN") or None
     try:
-        options = json.loads(args.options)
+        options = parse_options(args.options)
         serve(
             args.env,
             host=args.host,
