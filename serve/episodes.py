@@ -159,23 +159,20 @@ class EpisodeBook:
 
     def find(self, token: str) -> Episode | Refusal:
         """The episode ``token`` names, if its secret is right and it has not expired."""
-        self.expire()
-        episode_id, secret = split_token(token)
-        episode = self.episodes.get(episode_id)
-        if episode is None:
-            return self._refuse(
-                404,
-                f"no episode {episode_id!r} here: never opened, expired after {self.config.ttl_s:g} s idle "
-                "(serve.episodes.ttl_s), or already used for training",
-                "episode_not_found",
-            )
-        if not hmac.compare_digest(secret.encode(), episode.secret.encode()):
-            return self._refuse(403, f"wrong secret for episode {episode_id!r}", "episode_forbidden")
-        return episode
+        found = self._lookup(token)
+        if isinstance(found, Refusal):
+            self.counters["refused"] += 1
+        return found
 
     def describe(self, token: str) -> dict | Refusal:
-        found = self.find(token)
-        return found if isinstance(found, Refusal) else found.describe()
+        """The episode's state. A missing episode's 404 is an answer here, not a refused request, so it is not
+        counted in ``refused``: a client that polls until its finished episodes are gone (taken for training) asks
+        often. A wrong secret is counted."""
+        found = self._lookup(token)
+        if isinstance(found, Refusal):
+            self.counters["refused"] += found.code != "episode_not_found"
+            return found
+        return found.describe()
 
     # ----------------------------------------------------------------------------- calls
 
@@ -365,6 +362,21 @@ class EpisodeBook:
         return {**self.counters, "open": sum(e.status == "open" for e in self.episodes.values())}
 
     # ----------------------------------------------------------------------------- helpers
+
+    def _lookup(self, token: str) -> Episode | Refusal:
+        self.expire()
+        episode_id, secret = split_token(token)
+        episode = self.episodes.get(episode_id)
+        if episode is None:
+            return Refusal(
+                404,
+                f"no episode {episode_id!r} here: never opened, expired after {self.config.ttl_s:g} s idle "
+                "(serve.episodes.ttl_s), or already used for training",
+                "episode_not_found",
+            )
+        if not hmac.compare_digest(secret.encode(), episode.secret.encode()):
+            return Refusal(403, f"wrong secret for episode {episode_id!r}", "episode_forbidden")
+        return episode
 
     def _refuse(self, status: int, message: str, code: str, param: str | None = None) -> Refusal:
         self.counters["refused"] += 1

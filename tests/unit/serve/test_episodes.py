@@ -156,3 +156,17 @@ def test_a_call_tags_its_episode_by_header_or_user_field():
     assert token_of("ep-1.s", None) == "ep-1.s"
     assert token_of(None, "episode:ep-1.s") == "ep-1.s"
     assert token_of(None, "someone") is None and token_of(None, None) is None
+
+
+def test_a_lookup_of_a_gone_episode_answers_404_without_counting_as_refused(book, chat):
+    token = book.open("babyai", 7, None)["token"]
+    play(book, chat, token, ["go forward"])
+    book.close(token, reward=1.0, rewards=None)
+    book.harvest()  # taken for training: a paced client now polls until it is gone
+    gone = book.describe(token)
+    assert isinstance(gone, Refusal) and (gone.status, gone.code) == (404, "episode_not_found")
+    assert book.stats()["refused"] == 0
+    assert isinstance(book.prepare(token, OPENING, 16), Refusal)  # a call on it is a refused request
+    forbidden = book.describe(f"{book.open('babyai', 8, None)['id']}.not-the-secret")
+    assert isinstance(forbidden, Refusal) and forbidden.status == 403
+    assert book.stats()["refused"] == 2
