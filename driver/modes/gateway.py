@@ -7,7 +7,7 @@ groups them by the clients' group keys, and trains once ``trainer.tasks_per_iter
 group; the new weights then hot-swap into the replicas. An episode whose oldest reply was sampled more
 than ``trainer.max_staleness`` versions before the learner's is dropped (``rollout/dropped_stale``), as
 is one whose history the client changed (the book never hands those out). Episodes of a group beyond
-``group_size`` wait for the next iteration.
+``group_size``, and incomplete groups, wait for a later iteration; checkpoints keep them.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ import ray
 import structlog
 
 from agentgym_rl.actors.models import model_dir
+from agentgym_rl.actors.rundir import RunDir
 from agentgym_rl.actors.trajectory import Trajectory
+from agentgym_rl.configs import Config
 from agentgym_rl.driver.metrics import group_metrics, rollout_metrics
 from agentgym_rl.driver.trainer import Display, Step, Trainer
 
@@ -29,19 +31,33 @@ log = structlog.get_logger()
 class GatewayTrainer(Trainer):
     """Learners and the endpoint only: no samplers, env actors or curriculum (the clients play)."""
 
+    def __init__(self, config: Config, run_dir: RunDir, *, resume: bool = False) -> None:
+        super().__init__(config, run_dir, resume=resume)
+        self.waiting: dict[str, list[Trajectory]] = defaultdict(list)  # harvested episodes by group key
+
     def _start_actors(self) -> None:
         model_dir(self.config.model.name)
         self.slots = []
-        self.waiting: dict[str, list[Trajectory]] = defaultdict(list)
         self._start_learners()
         self.initial_state = self._env_states()
         log.info("actors ready", **self._describe_learner())
 
     def _env_states(self) -> dict:
-        return {}
+        """The harvested episodes still waiting for the rest of their group (they have left the endpoint's book,
+        so the checkpoint is the only place they survive a restart)."""
+        return {"waiting": {key: [t.model_dump(mode="json") for t in members] for key, members in self.waiting.items()}}
 
     def _load_env_states(self, state: dict) -> None:
-        """Nothing to restore: episodes recorded but not yet trained on are not part of a checkpoint."""
+        """Restore the waiting episodes ``_env_states`` stored. After a learner restart this process still holds
+        the episodes harvested since that checkpoint: they wait too, after the checkpoint's (an episode trained
+        on after the checkpoint and harvested after it is gone with the update that used it). Episodes still in
+        the book of an endpoint that stopped (open, or closed and not harvested) are not part of a checkpoint."""
+        restored = defaultdict(list)
+        for key, members in state.get("waiting", {}).items():  # none in checkpoints written before they were kept
+            restored[key] = [Trajectory.model_validate(member) for member in members]
+        for key, members in self.waiting.items():
+            restored[key] += [t for t in members if t not in restored[key]]
+        self.waiting = restored
 
     def _start_serving(self) -> None:
         # Imported here, as the base class imports Ray Serve: only runs that serve need it.

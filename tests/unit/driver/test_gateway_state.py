@@ -1,0 +1,43 @@
+"""Gateway mode's checkpointed state: the harvested episodes still waiting for their group survive a resume."""
+
+from __future__ import annotations
+
+import json
+
+from agentgym_rl.actors.rundir import RunDir
+from agentgym_rl.configs import Config
+from agentgym_rl.driver.modes.gateway import GatewayTrainer
+from tests.factories import make_trajectory
+
+
+def gateway(tmp_path) -> GatewayTrainer:
+    config = Config.model_validate({"trainer": {"mode": "gateway"}, "serve": {"enabled": True}})
+    return GatewayTrainer(config, RunDir(tmp_path / "run"))
+
+
+def episode(task: int, reward: float, version: int):
+    return make_trajectory([5, 6, 7, 8, 9], [0, 0, 1, 1, 0], [reward], group=task, weights_version=version)
+
+
+def test_waiting_episodes_come_back_from_a_checkpoint_as_they_were(tmp_path):
+    before = gateway(tmp_path)
+    before.waiting["task-3"] += [episode(3, 1.0, 4), episode(3, 0.0, 5)]
+    before.waiting["task-8"].append(episode(8, 0.0, 5))
+    state = json.loads(json.dumps(before._env_states()))  # as trainer_state.json holds it
+    resumed = gateway(tmp_path)
+    resumed._load_env_states(state)
+    assert resumed.waiting == before.waiting
+    assert dict(gateway(tmp_path)._env_states()) == {"waiting": {}}
+
+
+def test_a_learner_restart_keeps_the_episodes_harvested_since_the_checkpoint(tmp_path):
+    trainer = gateway(tmp_path)
+    trainer.waiting["task-3"].append(episode(3, 1.0, 4))
+    state = json.loads(json.dumps(trainer._env_states()))
+    trainer.waiting["task-3"].append(episode(3, 0.0, 6))  # harvested after the checkpoint
+    trainer.waiting["task-9"].append(episode(9, 1.0, 6))
+    trainer._load_env_states(state)
+    assert trainer.waiting == {
+        "task-3": [episode(3, 1.0, 4), episode(3, 0.0, 6)],
+        "task-9": [episode(9, 1.0, 6)],
+    }
