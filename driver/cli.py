@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 # The entry point sets Ray's loopback switch before anything imports ray: a local Ray instance
@@ -20,14 +21,20 @@ from agentgym_rl.actors.cluster import stop_on_signals, stopped
 from agentgym_rl.actors.logs import configure_logging
 from agentgym_rl.configs.errors import AgentGymError
 from agentgym_rl.configs.loader import format_validation_error
+from agentgym_rl.driver.errors import TrainError
 from agentgym_rl.driver.run import prepare_run, train
 from agentgym_rl.envs import EnvError, env_class, make, names
 from agentgym_rl.envs.http.cli import add_server_arguments, parse_options, run_server
 
 log = structlog.get_logger()
+# `train --time-limit` stopped the run with iterations left: not an error (2), and not a signal (128 + N).
+TIME_LIMIT_EXIT = 3
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    if args.time_limit is not None and not args.time_limit > 0:
+        raise TrainError(f"--time-limit {args.time_limit:g}: give a positive number of seconds")
     configure_logging()  # what loading the config warns about (e.g. keys dropped for a new algorithm)
     config, run_dir = prepare_run(args.config, args.set, args.resume)
     configure_logging(config.logging.level)
@@ -35,7 +42,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     log.info("run directory", path=str(run_dir.path), model=config.model.name, env=envs)
     stop_on_signals()
     try:
-        last = train(config, run_dir, resume=bool(args.resume))
+        stop_by = None if args.time_limit is None else started + args.time_limit
+        last = train(config, run_dir, resume=bool(args.resume), stop_by=stop_by)
     except KeyboardInterrupt as interrupt:
         stop = stopped(interrupt)
         print(
@@ -44,6 +52,13 @@ def cmd_train(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return stop.exit_code
+    if last and last["iteration"] + 1 < config.trainer.iterations:
+        print(
+            f"agentgym-rl: stopped before --time-limit {args.time_limit:g} s after iteration {last['iteration']} of "
+            f"{config.trainer.iterations}, checkpointed. Continue with: agentgym-rl train --resume {run_dir.path}",
+            file=sys.stderr,
+        )
+        return TIME_LIMIT_EXIT
     if last:
         print(
             f"finished iteration {last['iteration']}: success_rate={last['success_rate']:.3f} "
@@ -220,6 +235,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="override a config key, e.g. trainer.iterations=2",
     )
     p_train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
+    p_train.add_argument(
+        "--time-limit",
+        type=float,
+        metavar="SECONDS",
+        help="stop, checkpointed, after the last iteration that ends within SECONDS of the start (judged by the "
+        f"longest iteration so far); exit status {TIME_LIMIT_EXIT} when iterations remain (continue with --resume)",
+    )
     p_train.set_defaults(func=cmd_train)
 
     p_view = sub.add_parser("view", help="trajectory viewer web page for a run directory (follows a live run)")

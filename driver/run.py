@@ -109,8 +109,9 @@ def prepare_run(config_path: str | None, overrides: list[str], resume: str | Non
     return config, run_dir
 
 
-def train(config: Config, run_dir: RunDir, *, resume: bool = False) -> dict:
-    """Run training in a local or remote Ray instance and shut the local one down afterwards."""
+def train(config: Config, run_dir: RunDir, *, resume: bool = False, stop_by: float | None = None) -> dict:
+    """Run training in a local or remote Ray instance and shut the local one down afterwards; ``stop_by``: see
+    ``Trainer.run`` (a warm start, if any, runs whole before it is first checked)."""
     # Fail before any actor starts when the model's chat template cannot be extended token-exactly.
     ChatFormat(load_tokenizer(config.model.name))
     init_ray(config)
@@ -123,7 +124,7 @@ def train(config: Config, run_dir: RunDir, *, resume: bool = False) -> dict:
                 config.model.adapter = str(policy)
             else:
                 config.model.name = str(policy)
-        return MODES[config.trainer.mode](config, run_dir, resume=resume).run()
+        return MODES[config.trainer.mode](config, run_dir, resume=resume).run(stop_by)
     finally:
         with deadline(SHUTDOWN_GRACE_S, "the shutdown of Ray", exit_code=1):
             ray.shutdown()

@@ -644,20 +644,32 @@ class Trainer(ABC):
                 status += f" horizon {record['horizon']}"
             display.progress.update(display.overall, advance=1, status=status)
 
-    def run(self) -> dict:
-        """Train to ``trainer.iterations``; returns the last iteration's metrics."""
+    def run(self, stop_by: float | None = None) -> dict:
+        """Train to ``trainer.iterations``; returns the last iteration's metrics.
+
+        Args:
+            stop_by: a ``time.monotonic()`` deadline. The run stops early, after checkpointing the iteration just
+                done (``--resume`` continues it exactly), once another iteration as long as the longest one so far
+                would end past it. At least one iteration runs.
+        """
         cfg = self.config
         last: dict = {}
+        longest = 0.0
         with self._session() as display:
             iteration = self.start_iteration
             self.prepare(iteration)
             while iteration < cfg.trainer.iterations:
                 structlog.contextvars.bind_contextvars(iteration=iteration)
+                started = time.monotonic()
                 try:
                     step = self.step(iteration, display)
                     self._record(display, step)
                     done = iteration + 1
-                    if done % cfg.trainer.checkpoint_every == 0 or done == cfg.trainer.iterations:
+                    longest = max(longest, time.monotonic() - started)
+                    out_of_time = (
+                        stop_by is not None and done < cfg.trainer.iterations and time.monotonic() + longest > stop_by
+                    )
+                    if done % cfg.trainer.checkpoint_every == 0 or done == cfg.trainer.iterations or out_of_time:
                         self._checkpoint(done)
                 except LearnerLost as lost:
                     iteration = self._restart_learners(lost)
@@ -667,6 +679,9 @@ class Trainer(ABC):
                     continue
                 last = step.record
                 iteration = done
+                if out_of_time:
+                    log.info("stopping before the time limit", iterations_done=done, longest_iteration_s=round(longest))
+                    break
         return last
 
     def prepare(self, iteration: int) -> None:

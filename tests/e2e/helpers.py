@@ -1,6 +1,7 @@
-"""Comparisons shared by the end-to-end tests."""
+"""Comparisons and settings shared by the end-to-end tests."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -13,3 +14,8 @@ def same_episodes(a: Path, b: Path) -> None:
         for key in ("task_id", "token_ids", "loss_mask", "step_rewards", "weights_version", "truncated"):
             assert ep_a[key] == ep_b[key], key
         assert ep_a["logprobs"] == pytest.approx(ep_b["logprobs"], abs=1e-4)
+
+
+def cli_env() -> dict[str, str]:
+    """The environment of a CLI subprocess: this one's, without RAY_ADDRESS (the command starts its own Ray)."""
+    return {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}

@@ -24,6 +24,7 @@ def model_without_chat_template(root: Path) -> Path:
 CASES = {
     "misspelt config key": (["train", "--set", "trainer.iteratons=2"], "trainer.iteratons: unknown key"),
     "resume of no run": (["train", "--resume", "{tmp}/nowhere"], "no config.yaml there"),
+    "time limit not positive": (["train", "--time-limit", "0"], "--time-limit 0"),
     "bad chat template": (
         ["train", "--set", "model.name={template}", "--set", "model.adapter=null", "--set", "run.dir={tmp}"],
         "chat template",

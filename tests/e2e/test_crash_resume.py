@@ -1,5 +1,5 @@
-"""Stopping a training run and resuming it: SIGKILL while a checkpoint is written, and SIGINT or SIGTERM to a
-background job; each time --resume ends with every iteration exactly once."""
+"""Stopping a training run and resuming it: SIGKILL while a checkpoint is written, SIGINT or SIGTERM to a
+background job, and --time-limit; each time --resume ends with every iteration exactly once."""
 
 import contextlib
 import json
@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.e2e.helpers import same_episodes
+from tests.e2e.helpers import cli_env, same_episodes
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = Path(sys.executable).parent / "agentgym-rl"
@@ -69,7 +69,7 @@ def metrics(run_dir: Path) -> list[dict]:
 def test_sigkill_during_a_checkpoint_write_then_resume(tmp_path: Path):
     runs = tmp_path / "runs"
     run_dir = runs / "crash"
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env = cli_env()
     proc = subprocess.Popen(
         command("train", str(REPO / "configs" / "warm_start_grpo.yaml"), *overrides(runs, "crash")),
         cwd=tmp_path,
@@ -115,7 +115,7 @@ def test_sigkill_during_a_checkpoint_write_then_resume(tmp_path: Path):
 def test_a_background_run_stops_on_a_signal_and_resumes(tmp_path: Path, signum: int):
     runs = tmp_path / "runs"
     run_dir = runs / "stopped"
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env = cli_env()
     log = tmp_path / "stderr.log"
     with log.open("w") as stderr:
         proc = subprocess.Popen(
@@ -145,5 +145,27 @@ def test_a_background_run_stops_on_a_signal_and_resumes(tmp_path: Path, signum: 
     assert f"{signum.name} received" not in said  # Ray's native stack dump
 
     resumed = run_cli("train", "--resume", str(run_dir), cwd=tmp_path, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [r["iteration"] for r in metrics(run_dir)] == [0, 1, 2, 3]  # every iteration exactly once
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+def test_a_time_limit_stops_after_a_checkpointed_iteration_and_resume_finishes(tmp_path: Path):
+    runs = tmp_path / "runs"
+    run_dir = runs / "limited"
+    env = cli_env()
+    # Checkpoints every 3 iterations: the stop after iteration 0 must write one of its own.
+    settings = [*overrides(runs, "limited"), "--set", "trainer.checkpoint_every=3"]
+    config = str(REPO / "configs" / "warm_start_grpo.yaml")
+    stopped = run_cli("train", config, *settings, "--time-limit", "1", cwd=tmp_path, env=env)
+    assert stopped.returncode == 3, stopped.stderr[-3000:]
+    assert (
+        f"after iteration 0 of 4, checkpointed. Continue with: agentgym-rl train --resume {run_dir}" in stopped.stderr
+    )
+    assert [r["iteration"] for r in metrics(run_dir)] == [0]
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("iter_*")) == ["iter_000001"]
+
+    resumed = run_cli("train", "--resume", str(run_dir), "--time-limit", "3600", cwd=tmp_path, env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert [r["iteration"] for r in metrics(run_dir)] == [0, 1, 2, 3]  # every iteration exactly once

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import os
 import subprocess
 import sys
 import threading
@@ -11,6 +10,8 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+
+from tests.e2e.helpers import cli_env
 
 REPO = Path(__file__).resolve().parents[2]
 MKDOCS = Path(sys.executable).parent / "mkdocs"
@@ -27,7 +28,7 @@ def test_start_page_and_configuration_reference_open_without_console_errors(tmp_
         pytest.skip(f"{CHROMIUM} is missing: install Debian's chromium (./install.sh does, as root)")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is missing: pip install -e '.[dev]'")
     site = tmp_path / "site"
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env = cli_env()
     build = [str(MKDOCS), "build", "--strict", "-d", str(site)]
     result = subprocess.run(build, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]

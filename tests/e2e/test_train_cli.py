@@ -1,7 +1,6 @@
 """The real `agentgym-rl` command, end to end, on tiny-random."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +11,7 @@ import yaml
 from transformers import AutoModelForCausalLM
 
 from agentgym_rl.envs import names
-from tests.e2e.helpers import same_episodes
+from tests.e2e.helpers import cli_env, same_episodes
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = Path(sys.executable).parent / "agentgym-rl"
@@ -48,7 +47,7 @@ TINY = [
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     command = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "agentgym_rl.driver.cli"]
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env = cli_env()
     return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600, check=False)
 
 

@@ -1,7 +1,6 @@
 """`train` with an SFT warm start: oracle demonstrations first, then RL from the warm-start policy."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from agentgym_rl.actors.models import model_dir
+from tests.e2e.helpers import cli_env
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = Path(sys.executable).parent / "agentgym-rl"
@@ -31,7 +31,7 @@ SETTINGS = [
 
 def train(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     command = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "agentgym_rl.driver.cli"]
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env = cli_env()
     return subprocess.run(
         [*command, "train", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600, check=False
     )

@@ -2,7 +2,7 @@
 # One stage of the BabyAI experiment (README "Learning results"), run from the repository root:
 #
 #   docs/results/babyai/run_stage.sh STAGE [RUNS_DIR]
-#   STAGE_SECONDS=5400 docs/results/babyai/run_stage.sh STAGE   # a part: stop training after that long
+#   STAGE_SECONDS=5400 docs/results/babyai/run_stage.sh STAGE   # a part: stop training, checkpointed, within that long
 #
 # STAGE is `base` (the base model, evaluated only), `gateway` (the final adapter of docs/results/gateway/run.sh's
 # run in RUNS_DIR, evaluated only, written to docs/results/gateway/) or the name of a config in configs/babyai/ (`sft`,
@@ -14,10 +14,11 @@
 # 200 held-out tasks, one episode each at temperature 1, at most 10 turns, with the RL stages' sampler
 # settings (configs/babyai/grpo_stepwise.yaml), the same tasks and sampling seeds for every row.
 #
-# A stage too long for one sitting runs in parts: with STAGE_SECONDS set, training is stopped by SIGTERM
-# after that many seconds if it has not finished, and the run as the next part needs it (config.yaml,
-# metrics.jsonl and its latest checkpoint: adapter, optimizer state, trainer state) is copied to
-# docs/results/babyai/STAGE/part/ to be committed; the next call restores the run from there and resumes it.
+# A stage too long for one sitting runs in parts: with STAGE_SECONDS set, training stops by itself, checkpointed,
+# after the last iteration that ends within that many seconds (`train --time-limit`) if it has not finished,
+# and the run as the next part needs it (config.yaml, metrics.jsonl and that checkpoint: adapter, optimizer
+# state, trainer state) is copied to docs/results/babyai/STAGE/part/ to be committed; the next call restores
+# the run from there and resumes it.
 set -euo pipefail
 stage=${1:?usage: run_stage.sh STAGE [RUNS_DIR]}
 runs=${2:-runs/babyai}
@@ -56,14 +57,13 @@ else
   else
     train_cmd=("$cli" train "$config" --set "run.dir=$runs")
   fi
+  if [[ -n ${STAGE_SECONDS:-} ]]; then
+    train_cmd+=(--time-limit "$STAGE_SECONDS")
+  fi
   commands+=("${train_cmd[*]}")
   t0=$(date +%s)
   status=0
-  if [[ -n ${STAGE_SECONDS:-} ]]; then
-    timeout --signal=TERM --kill-after=120 "$STAGE_SECONDS" "${train_cmd[@]}" || status=$?
-  else
-    "${train_cmd[@]}" || status=$?
-  fi
+  "${train_cmd[@]}" || status=$?
   train_s=$(( $(date +%s) - t0 ))
   latest=$(find "$run/checkpoints" -maxdepth 1 -name 'iter_*' | sort | tail -1)
   if [[ -z $latest ]]; then
@@ -71,7 +71,7 @@ else
     exit 1
   fi
   if [[ $status -ne 0 ]]; then
-    [[ $status -eq 124 || $status -eq 143 ]] || exit "$status"
+    [[ $status -eq 3 ]] || exit "$status"  # 3: stopped, checkpointed, by --time-limit with iterations left
     # keep the earlier parts' commands and training times, replace their checkpoint by this part's
     mkdir -p "$part"
     rm -rf "$part/checkpoint"
