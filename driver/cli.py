@@ -143,10 +143,25 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     # Imported here: like eval, only compare needs the evaluation module.
-    from agentgym_rl.driver.compare import compare_reports, format_comparison, load_report
+    from agentgym_rl.driver.compare import (
+        CompareError,
+        compare_reports,
+        compare_table,
+        format_compare_table,
+        format_comparison,
+        labelled_reports,
+    )
 
-    comparison = compare_reports(load_report(Path(args.a)), load_report(Path(args.b)))
-    print(format_comparison(comparison))
+    if len(args.reports) < 2:
+        raise CompareError(f"compare needs two reports or more, got {len(args.reports)}: A.json B.json [C.json ...]")
+    # A label stands in for the report's name wherever the output names it.
+    (base_label, base), *rows = [(label, {**report, "name": label}) for label, report in labelled_reports(args.reports)]
+    if len(rows) == 1:
+        comparison = compare_reports(base, rows[0][1])
+        print(format_comparison(comparison))
+    else:
+        comparison = compare_table((base_label, base), rows)
+        print(format_compare_table(comparison))
     if args.output is not None:
         output = Path(args.output)
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -312,10 +327,17 @@ def build_parser() -> argparse.ArgumentParser:
     p_merged.set_defaults(func=cmd_export)
 
     p_compare = sub.add_parser(
-        "compare", help="paired comparison of two eval reports (success difference B - A, exact McNemar p)"
+        "compare",
+        help="paired comparison of two eval reports (success difference B - A, exact McNemar p), or a table of "
+        "several, each against the first (with Holm-adjusted p values)",
     )
-    p_compare.add_argument("a", metavar="A.json", help="report of policy A, written by `agentgym-rl eval`")
-    p_compare.add_argument("b", metavar="B.json", help="report of policy B: same env, split, episodes and --seed")
+    p_compare.add_argument(
+        "reports",
+        nargs="+",
+        metavar="[LABEL=]REPORT.json",
+        help="reports written by `agentgym-rl eval` (same env, split, episodes and --seed): A, then B, or B, C, ... "
+        "for the table; LABEL names a report in the output (default: its name)",
+    )
     p_compare.add_argument("--output", metavar="FILE", help="also write the comparison as JSON to FILE")
     p_compare.set_defaults(func=cmd_compare)
 

@@ -1,4 +1,5 @@
-"""``agentgym-rl compare``: a paired comparison of two ``agentgym-rl eval`` reports of one env split.
+"""``agentgym-rl compare``: a paired comparison of two ``agentgym-rl eval`` reports of one env split, or a table of
+several reports each compared with the first.
 
 Two policies evaluated with the same eval seed play every episode (task, sample) from the same
 sampling seed, so their outcomes pair up episode by episode. The paired difference in success rate
@@ -227,7 +228,89 @@ def format_comparison(comparison: dict) -> str:
     return "\n".join(lines)
 
 
+def holm_adjusted(ps: list[float]) -> list[float]:
+    """Holm's step-down adjustment of the p values ``ps`` (returned in their order): the k-th smallest is
+    multiplied by the number of hypotheses not yet rejected (m - k + 1), kept at least the one before it and at
+    most 1. Rejecting where the adjusted p < alpha holds the family-wise error rate of all the comparisons
+    together at alpha (Holm, 1979, Scand. J. Statist. 6: 65-70)."""
+    adjusted = [0.0] * len(ps)
+    running = 0.0
+    for rank, index in enumerate(sorted(range(len(ps)), key=lambda i: ps[i])):
+        running = max(running, min(1.0, (len(ps) - rank) * ps[index]))
+        adjusted[index] = running
+    return adjusted
+
+
+def compare_table(baseline: tuple[str, dict], rows: list[tuple[str, dict]]) -> dict:
+    """Every report of ``rows`` compared with ``baseline``; each is a (label, report) pair.
+
+    Returns:
+        ``baseline`` (its label) and ``rows``: per row, its label, ``compare_reports(baseline, row)`` and
+        ``mcnemar_p_holm``, its McNemar p adjusted by Holm over the rows.
+
+    Raises:
+        CompareError: a row that cannot be paired with the baseline, named by its label.
+    """
+    comparisons = []
+    for label, report in rows:
+        try:
+            comparisons.append(compare_reports(baseline[1], report))
+        except CompareError as exc:
+            raise CompareError(f"{label} against {baseline[0]}: {exc}") from None
+    holm = holm_adjusted([c["mcnemar_p"] for c in comparisons])
+    return {
+        "baseline": baseline[0],
+        "rows": [
+            {"label": label, **c, "mcnemar_p_holm": p} for (label, _), c, p in zip(rows, comparisons, holm, strict=True)
+        ],
+    }
+
+
+def format_compare_table(table: dict) -> str:
+    """``table`` (from ``compare_table``) as a Markdown table, a line of settings above it."""
+    first = table["rows"][0]
+    base = table["baseline"]
+    settings = f"{first['split']}, at most {first['max_turns']} turns, temperature {first['temperature']}"
+    paired = f"{first['episodes']} paired episodes of {first['tasks']} tasks"
+    lines = [
+        f"{first['env']} ({settings}): {paired}; each row against {base}",
+        "",
+        f"| policy | success [95 % CI] | vs {base} [95 % CI] | only it / only {base} | exact McNemar p | Holm p |",
+        "|---|---|---|---|---|---|",
+    ]
+    low, high = first["a"]["success_rate_ci95"]
+    lines.append(f"| {base} | {first['a']['success_rate']:.3f} [{low:.3f}, {high:.3f}] | | | | |")
+    for row in table["rows"]:
+        low, high = row["b"]["success_rate_ci95"]
+        d_low, d_high = row["success_rate_diff_ci95"]
+        lines.append(
+            f"| {row['label']} | {row['b']['success_rate']:.3f} [{low:.3f}, {high:.3f}] "
+            f"| {row['success_rate_diff']:+.3f} [{d_low:+.3f}, {d_high:+.3f}] | {row['only_b']} / {row['only_a']} "
+            f"| {row['mcnemar_p']:.2g} | {row['mcnemar_p_holm']:.2g} |"
+        )
+    return "\n".join(lines)
+
+
 # ----------------------------------------------------------------------------- files
+
+
+def labelled_reports(values: list[str]) -> list[tuple[str, dict]]:
+    """``LABEL=REPORT`` or ``REPORT`` (labelled by the report's own name) -> [(label, report)], in order.
+
+    Raises:
+        CompareError: an empty label or path, a label given twice, or a file that is not an eval report.
+    """
+    reports: list[tuple[str, dict]] = []
+    for value in values:
+        label, _, path = value.partition("=") if "=" in value else (None, "", value)
+        if label == "" or not path:
+            raise CompareError(f"{value!r}: give REPORT or LABEL=REPORT")
+        report = load_report(Path(path))
+        label = report["name"] if label is None else label
+        if label in (seen for seen, _ in reports):
+            raise CompareError(f"two reports are labelled {label!r}; name them with LABEL=REPORT")
+        reports.append((label, report))
+    return reports
 
 
 def load_report(path: Path) -> dict:

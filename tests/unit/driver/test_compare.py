@@ -1,4 +1,5 @@
-"""Paired comparison of eval reports: exact McNemar p, Newcombe's paired interval, refusals, the real CLI."""
+"""Paired comparison of eval reports: exact McNemar p, Newcombe's paired interval, Holm's adjustment, refusals,
+the real CLI."""
 
 import json
 from pathlib import Path
@@ -9,6 +10,7 @@ from agentgym_rl.driver.cli import main
 from agentgym_rl.driver.compare import (
     CompareError,
     compare_reports,
+    holm_adjusted,
     load_report,
     mcnemar_exact_p,
     pair_episodes,
@@ -178,6 +180,13 @@ def test_load_report_names_the_file(tmp_path: Path):
         load_report(write(tmp_path / "other.json", {"env": "babyai"}))
 
 
+def test_holm_adjustment_by_hand():
+    # sorted: 0.005 x 4 = 0.02; 0.01 x 3 = 0.03; 0.03 x 2 = 0.06; 0.04 x 1 = 0.04, kept at 0.06 (monotone)
+    assert holm_adjusted([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm_adjusted([0.6, 0.7]) == [1.0, 1.0]  # capped at 1
+    assert holm_adjusted([0.02]) == [0.02] and holm_adjusted([]) == []
+
+
 # ----------------------------------------------------------------------------- the command
 
 
@@ -201,3 +210,44 @@ def test_cli_compare_refuses_with_exit_2(tmp_path: Path, capsys):
     assert main(["compare", *files]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("agentgym-rl: error: the reports differ in env")
+
+
+def test_cli_compare_tables_several_reports_against_the_first(tmp_path: Path, capsys):
+    # per task: (A, B, C) successes; B against A: 9 only B, 1 only A; C against A: 1 and 1
+    table = [(True, True, True)] * 3 + [(False, True, False)] * 9 + [(True, False, True)] * 1
+    table += [(False, False, True)] * 1 + [(True, True, False)] * 1 + [(False, False, False)] * 5
+    files = []
+    for which, name in enumerate(["a", "b", "c"]):
+        outcomes = [(row[which], float(row[which])) for row in table]
+        files.append(str(write(tmp_path / f"{name}.json", report(outcomes, name="babyai-test-adapter"))))
+    output = tmp_path / "table.json"
+    argv = ["compare", f"SFT={files[0]}", f"GRPO={files[1]}", f"other={files[2]}", "--output", str(output)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert "20 paired episodes of 20 tasks; each row against SFT" in printed[0]
+    # Holm over the two rows: 0.0215 x 2 = 0.043 for GRPO; 1 for the other
+    low, high = wilson_interval(13, 20)
+    d_low, d_high = paired_difference_interval(4, 9, 1, 6)
+    grpo = f"| GRPO | 0.650 [{low:.3f}, {high:.3f}] | +0.400 [{d_low:+.3f}, {d_high:+.3f}] | 9 / 1 | 0.021 | 0.043 |"
+    low, high = wilson_interval(5, 20)
+    d_low, d_high = paired_difference_interval(4, 1, 1, 14)
+    other = f"| other | 0.250 [{low:.3f}, {high:.3f}] | +0.000 [{d_low:+.3f}, {d_high:+.3f}] | 1 / 1 | 1 | 1 |"
+    assert grpo in printed and other in printed, printed
+    saved = json.loads(output.read_text())
+    assert saved["baseline"] == "SFT" and [row["label"] for row in saved["rows"]] == ["GRPO", "other"]
+    assert saved["rows"][0]["mcnemar_p_holm"] == pytest.approx(2 * 0.021484375)
+
+
+@pytest.mark.parametrize(
+    ("labels", "named"),
+    [(["", "b"], "give REPORT or LABEL=REPORT"), (["x", "x", "y"], "two reports are labelled 'x'"), (["a"], "two")],
+)
+def test_cli_compare_refuses_bad_labels_and_one_report(tmp_path: Path, capsys, labels, named):
+    a, b = pairs(both=2, only_b=1, only_a=0, neither=1)
+    paths = [write(tmp_path / f"{i}.json", [a, b][i % 2]) for i in range(len(labels))]
+    assert (
+        main(["compare", *(f"{label}={path}" if label != "a" else str(path) for label, path in zip(labels, paths))])
+        == 2
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and named in err[0], err
