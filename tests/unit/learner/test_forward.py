@@ -1,7 +1,7 @@
 import torch
 
 from agentgym_rl.actors.models import load_model
-from agentgym_rl.learner.forward import masked_token_outputs
+from agentgym_rl.learner.forward import mask_argument, masked_token_outputs
 
 
 def test_masked_scoring_equals_a_full_forward():
@@ -21,3 +21,27 @@ def test_masked_scoring_equals_a_full_forward():
     assert torch.allclose(out["logprobs"], expected, atol=1e-5)
     assert torch.allclose(out["entropy"], entropy, atol=1e-4)
     assert (out["logprobs"][mask == 0] == 0).all()
+
+
+def test_only_a_right_padded_mask_is_left_to_causal_attention():
+    right = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    left = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
+    holed = torch.tensor([[1, 0, 1, 1], [1, 1, 1, 1]])
+    packed = torch.ones(2, 1, 4, 4, dtype=torch.bool)
+    assert mask_argument(right) is None
+    assert mask_argument(left) is left and mask_argument(holed) is holed and mask_argument(packed) is packed
+
+
+def test_a_right_padded_sequence_scores_as_it_does_alone():
+    model = load_model("tiny-random")
+    generator = torch.Generator().manual_seed(1)
+    input_ids = torch.randint(0, 1000, (2, 16), generator=generator)
+    attention = torch.ones_like(input_ids)
+    attention[1, 10:] = 0
+    mask = torch.zeros(2, 15)
+    mask[1, 3:9] = 1  # the padded row's targets, all before its padding
+    with torch.no_grad():
+        batched = masked_token_outputs(model, input_ids, attention, mask, entropy=True)
+        alone = masked_token_outputs(model, input_ids[1:, :10], attention[1:, :10], mask[1:, :9], entropy=True)
+    assert torch.allclose(batched["logprobs"][1, :9], alone["logprobs"][0], atol=1e-5)
+    assert torch.allclose(batched["entropy"][1, :9], alone["entropy"][0], atol=1e-4)
