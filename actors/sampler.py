@@ -25,6 +25,7 @@ import torch
 from agentgym_rl.actors.chat import ChatFormat
 from agentgym_rl.actors.cluster import env_request, has_room, start_env_actor
 from agentgym_rl.actors.engines import Generation, make_engine
+from agentgym_rl.actors.heap import release_free_heap, return_large_frees_to_the_os
 from agentgym_rl.actors.logs import Timeline
 from agentgym_rl.actors.models import load_tokenizer
 from agentgym_rl.actors.rollout import run_episode
@@ -80,6 +81,7 @@ class SamplerActor:
     ) -> None:
         hide_unreserved_gpus()
         torch.set_num_threads(sampler.num_threads or os.cpu_count() or 1)
+        return_large_frees_to_the_os()
         self.index = index
         self.config = sampler
         self.env_config = env
@@ -111,6 +113,7 @@ class SamplerActor:
         self.wake: asyncio.Event | None = None
         self.engine_lock: asyncio.Lock | None = None
         self.batch_task: asyncio.Task | None = None
+        self.collects = 0  # collect calls in flight
         self.stats = {
             "generate_calls": 0,
             "generated_tokens": 0,
@@ -204,10 +207,18 @@ class SamplerActor:
                 f"sampler {self.index} has no horizon; give each request one or register the sampler with the "
                 "CurriculumActor first"
             )
-        if self.instruction is None:
-            await asyncio.gather(*(self._started(env) for env in self.envs))
-            self.instruction = await self._instruction()
-        trajectories = await asyncio.gather(*(self._play(request, request.horizon or pushed) for request in requests))
+        self.collects += 1
+        try:
+            if self.instruction is None:
+                await asyncio.gather(*(self._started(env) for env in self.envs))
+                self.instruction = await self._instruction()
+            trajectories = await asyncio.gather(
+                *(self._play(request, request.horizon or pushed) for request in requests)
+            )
+        finally:
+            self.collects -= 1
+            if not self.collects:  # the rollout is over: the learner's update needs the memory more
+                release_free_heap()
         return trajectories[0] if len(trajectories) == 1 else tuple(trajectories)
 
     async def _env_call(self, ref: ray.ObjectRef):

@@ -11,6 +11,7 @@ import ray
 import structlog
 import torch
 
+from agentgym_rl.actors.heap import release_free_heap, return_large_frees_to_the_os
 from agentgym_rl.actors.logs import Timeline
 from agentgym_rl.actors.lora import load_policy, read_checked_adapter, write_base_model
 from agentgym_rl.actors.models import load_model, load_tokenizer, resolve_dtype
@@ -33,7 +34,6 @@ from agentgym_rl.learner.algorithms.base import (
 from agentgym_rl.learner.backends import DeepSpeedBackend, TorchBackend
 from agentgym_rl.learner.batching import collate, pack, plan_rows, select_rows, unpack_targets
 from agentgym_rl.learner.forward import ValueModel, masked_token_outputs
-from agentgym_rl.learner.heap import return_large_frees_to_the_os
 from agentgym_rl.learner.lora import (
     adapter_state_dict,
     apply_lora,
@@ -283,13 +283,14 @@ class LearnerActor:
     def update_batch(self, trajectories: list[Trajectory]) -> dict[str, float]:
         """One iteration of optimisation (``epochs`` x ``minibatches`` steps); returns metrics. With
         ``offload_optimizer`` the optimizer state comes to the device for it and goes back to host memory after."""
-        if not self.offload_optimizer:
-            return self._optimise(trajectories)
-        self._move_optimizer_state(self.device, "optimizer state on the device")
         try:
+            if self.offload_optimizer:
+                self._move_optimizer_state(self.device, "optimizer state on the device")
             return self._optimise(trajectories)
         finally:
-            self._move_optimizer_state(torch.device("cpu"), "optimizer state offloaded")
+            if self.offload_optimizer:
+                self._move_optimizer_state(torch.device("cpu"), "optimizer state offloaded")
+            release_free_heap()  # the update's freed activations and gradients, for the samplers' rollout
 
     def _move_optimizer_state(self, device: torch.device, event: str) -> None:
         moved = self.backend.move_optimizer_state(device)
