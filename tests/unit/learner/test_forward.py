@@ -4,12 +4,17 @@ from agentgym_rl.actors.models import load_model
 from agentgym_rl.learner.forward import mask_argument, masked_token_outputs
 
 
+def right_padded_batch(seed: int, length: int, padding_from: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two random sequences of ``length`` ids; the second is padding from ``padding_from`` on."""
+    input_ids = torch.randint(0, 1000, (2, length), generator=torch.Generator().manual_seed(seed))
+    attention = torch.ones_like(input_ids)
+    attention[1, padding_from:] = 0
+    return input_ids, attention
+
+
 def test_masked_scoring_equals_a_full_forward():
     model = load_model("tiny-random")
-    generator = torch.Generator().manual_seed(0)
-    input_ids = torch.randint(0, 1000, (2, 12), generator=generator)
-    attention = torch.ones_like(input_ids)
-    attention[1, 9:] = 0
+    input_ids, attention = right_padded_batch(0, 12, 9)
     mask = torch.zeros(2, 11)
     mask[0, 3:7] = 1
     mask[1, 2:5] = 1
@@ -34,10 +39,7 @@ def test_only_a_right_padded_mask_is_left_to_causal_attention():
 
 def test_a_right_padded_sequence_scores_as_it_does_alone():
     model = load_model("tiny-random")
-    generator = torch.Generator().manual_seed(1)
-    input_ids = torch.randint(0, 1000, (2, 16), generator=generator)
-    attention = torch.ones_like(input_ids)
-    attention[1, 10:] = 0
+    input_ids, attention = right_padded_batch(1, 16, 10)
     mask = torch.zeros(2, 15)
     mask[1, 3:9] = 1  # the padded row's targets, all before its padding
     with torch.no_grad():
