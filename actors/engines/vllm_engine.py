@@ -50,6 +50,7 @@ WEIGHT_BUCKET_BYTES = 256 * 1024 * 1024
 LEARNER, LOCAL = "learner", "local"
 SEED_BOUND = 2**31 - 1
 CPU_KV_CACHE_BYTES = 1024**3
+DEFAULT_STEP_TOKENS = 2048  # vLLM's own scheduler budget, kept as the floor on CPU
 
 
 def _import_vllm() -> dict[str, Any]:
@@ -101,11 +102,25 @@ def _check_cpu_head_size(model: str) -> None:
         )
 
 
-def _cpu_args() -> dict[str, Any]:
+def _cpu_args(model: str, max_model_len: int | None) -> dict[str, Any]:
     """Engine arguments for vLLM's CPU build: eager mode (its inductor warm-up took minutes on a 2-core
-    machine) and a bounded key/value cache (without one vLLM takes ``gpu_memory_utilization`` of the
-    machine's RAM); ``VLLM_CPU_KVCACHE_SPACE`` (GiB), when set, overrides the bound."""
-    return {"enforce_eager": True, "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES}
+    machine), a bounded key/value cache (without one vLLM takes ``gpu_memory_utilization`` of the
+    machine's RAM; ``VLLM_CPU_KVCACHE_SPACE`` (GiB), when set, overrides the bound) and whole prefills.
+
+    A prompt split over scheduler steps (chunked prefill) makes the CPU worker rewind the seeded request's
+    generator with ``set_offset``, which a CPU ``torch.Generator`` refuses ("CPU Generator does not use
+    offset"): the engine dies. So each prompt is prefilled in one step, in a step budget of the longest
+    sequence the engine accepts.
+    """
+    from transformers import AutoConfig
+
+    longest = max_model_len or AutoConfig.from_pretrained(model, local_files_only=True).max_position_embeddings
+    return {
+        "enforce_eager": True,
+        "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES,
+        "enable_chunked_prefill": False,
+        "max_num_batched_tokens": max(longest, DEFAULT_STEP_TOKENS),
+    }
 
 
 class VLLMEngine(Engine):
@@ -175,7 +190,7 @@ class VLLMEngine(Engine):
             # vLLM's CPU build refuses the setting; its workers' sleep and wake do nothing.
             enable_sleep_mode=enable_sleep_mode and not self._vllm["on_cpu"],
             **({} if max_num_seqs is None else {"max_num_seqs": max_num_seqs}),
-            **(_cpu_args() if self._vllm["on_cpu"] else {}),
+            **(_cpu_args(model, max_model_len) if self._vllm["on_cpu"] else {}),
         )
         self._llm = self._run(self._start(args))
         if adapter is not None:

@@ -127,6 +127,19 @@ def test_per_turn_cap_and_stop_strings_end_each_row_on_its_own(engine, tokenizer
     assert stopped[row].finish_reason == "stop" and len(stopped[row].token_ids) <= at + 1
 
 
+def test_seeded_prompts_too_long_for_one_step_together_sample_as_they_would_alone(engine):
+    # Six prompts of 1,500 tokens: more than one vLLM scheduler step takes, so an engine that splits
+    # prefills over steps meets seeded rows mid-prompt (vLLM's CPU build died there).
+    prompts = [[(7 * row + k) % 400 + 3 for k in range(1500)] for row in range(6)]
+    sampling = SamplingConfig(max_new_tokens=8)
+    first = engine.generate(prompts, sampling, streams(*range(6)))
+    again = engine.generate(prompts, sampling, streams(*range(6)))
+    assert all(g.token_ids for g in first)
+    assert [g.token_ids for g in first] == [g.token_ids for g in again]
+    alone = engine.generate(prompts[5:], sampling, streams(5))
+    assert alone[0].token_ids == first[5].token_ids
+
+
 def test_top_k_one_is_greedy_whatever_the_stream(engine):
     sampling = SamplingConfig(max_new_tokens=6, top_k=1)
     a = engine.generate(PROMPTS, sampling, streams(1, 2, 3))
