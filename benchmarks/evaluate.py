@@ -23,7 +23,8 @@ Per row: wall seconds of the whole command (sampler start and model load include
 per turn, success rate. The sampled tokens can differ between rows (other kernels round differently, so
 the same seed can draw other tokens), which changes how many turns the episodes last: ``s/turn`` is the
 cost of the same work, ``wall`` the cost of this evaluation. The output ends with one JSON line of ratios
-(row over baseline, < 1: cheaper): ``eval_<row>_wall`` and ``eval_<row>_per_turn``.
+(row over baseline, < 1: cheaper): ``eval_<row>_wall`` and ``eval_<row>_per_turn``, and, under ``failed``,
+each row that raised, with its error (the script goes on to the next row; only the baselines must run).
 """
 
 from __future__ import annotations
@@ -106,9 +107,17 @@ def main() -> None:
     rows.append(("baseline_again", "the baseline again", batch(16)))
 
     measured: dict[str, dict] = {}
+    failed: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="eval-bench-") as folder:
         for key, label, overrides in rows:
-            measured[key] = evaluate(policy, episodes, overrides, Path(folder))
+            try:
+                measured[key] = evaluate(policy, episodes, overrides, Path(folder))
+            except Exception as exc:  # a row that cannot run is reported; the baselines must run
+                if key.startswith("baseline"):
+                    raise
+                failed[key] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                print(f"{label}: failed, {failed[key]}", flush=True)
+                continue
             print(f"{label}: {measured[key]}", flush=True)
 
     base_wall = (measured["baseline"]["seconds"] + measured["baseline_again"]["seconds"]) / 2
@@ -120,6 +129,9 @@ def main() -> None:
     print(f"{'row':<56} {'wall s':>8} {'turns':>6} {'s/turn':>7} {'success':>8} {'wall/base':>10} {'turn/base':>10}")
     ratios = {}
     for key, label, _ in rows:
+        if key in failed:
+            print(f"{label:<56} failed: {failed[key]}")
+            continue
         m = measured[key]
         wall, turn = m["seconds"] / base_wall, m["per_turn"] / base_turn
         print(
@@ -133,7 +145,7 @@ def main() -> None:
     print(f"baseline spread (first against last run, over their mean): {spread:.2f}")
     if note:
         print(note)
-    print(json.dumps({"ratios": ratios}))
+    print(json.dumps({"ratios": ratios, "failed": failed}))
 
 
 if __name__ == "__main__":  # vLLM's engine core is a spawned process: it re-imports this file
