@@ -1,6 +1,6 @@
 """The cost of a held-out evaluation under different sampler settings, as ratios against the BabyAI stages'.
 
-    python benchmarks/evaluate.py [--quick] [--episodes N] [--skip-vllm]
+    python benchmarks/evaluate.py [--quick] [--episodes N] [--skip-vllm] [--rows ROW ...]
 
 Every row is one ``agentgym-rl eval`` (``run_eval``, Ray started and stopped inside it, as the command does)
 of the same N held-out BabyAI tasks (evenly spaced over the test split's 200, so every level is reached),
@@ -9,14 +9,14 @@ one episode each at temperature 1 from the same sampling seeds, at most 10 turns
 (SmolLM2-135M-Instruct + ``docs/results/babyai/sft/adapter``); ``--quick`` plays ``tiny-random`` on 8 tasks
 instead (random text: every episode runs all 10 turns), to check the script in about a minute.
 
-Rows (one sampler unless said; the config's sampler settings otherwise):
+Rows, by the names ``--rows`` takes (one sampler unless said; the config's sampler settings otherwise):
 * baseline: 16 env actors and batches of at most 16 (the stages' evaluation), ``sampler.dtype: auto``;
   run first and again last, and the ratios divide by the mean of the two (their spread is printed: it is
   the noise floor of every ratio on a shared machine);
-* batches of 8 (8 env actors) and of 32 (32 env actors);
-* the other dtype: float32 where ``auto`` resolves to bfloat16 here, else bfloat16;
-* two samplers of 8 env actors each, one thread each, instead of one of 16 on every core;
-* vLLM: ``sampler.engine: vllm`` (vLLM's CPU build here; it merges the adapter at start), batches of 16.
+* ``batch8`` and ``batch32``: batches of 8 (8 env actors) and of 32 (32 env actors);
+* ``dtype``: the other dtype, float32 where ``auto`` resolves to bfloat16 here, else bfloat16;
+* ``two_samplers``: two samplers of 8 env actors each, one thread each, instead of one of 16 on every core;
+* ``vllm``: ``sampler.engine: vllm`` (vLLM's CPU build here; it merges the adapter at start), batches of 16.
   Left out, with a note, where vllm is not installed or ``--skip-vllm`` is given.
 
 Per row: wall seconds of the whole command (sampler start and model load included), turns played, seconds
@@ -49,6 +49,7 @@ from agentgym_rl.driver.evaluate import EvalOptions, run_eval
 
 SFT_ADAPTER = REPO / "docs" / "results" / "babyai" / "sft" / "adapter"
 STAGE_CONFIG = REPO / "configs" / "babyai" / "grpo_stepwise.yaml"
+OPTIONAL_ROWS = ("batch8", "batch32", "dtype", "two_samplers", "vllm")
 
 
 def batch(size: int) -> list[str]:
@@ -85,6 +86,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny-random on 8 tasks (about a minute a row)")
     parser.add_argument("--episodes", type=int, default=None, help="tasks per row (default 48; --quick: 8)")
     parser.add_argument("--skip-vllm", action="store_true", help="leave out the vLLM row")
+    parser.add_argument(
+        "--rows",
+        nargs="+",
+        choices=OPTIONAL_ROWS,
+        default=None,
+        help="only these rows besides the two baseline runs (default: all)",
+    )
     args = parser.parse_args()
     episodes = args.episodes or (8 if args.quick else 48)
     policy = {"model": "tiny-random"} if args.quick else {"checkpoint": str(SFT_ADAPTER)}
@@ -94,7 +102,7 @@ def main() -> None:
         ("baseline", f"1 sampler, 16 envs, batch 16, {auto} (auto), all cores", batch(16)),
         ("batch8", "batch 8 (8 envs)", batch(8)),
         ("batch32", "batch 32 (32 envs)", batch(32)),
-        (other, f"sampler.dtype {other}", [*batch(16), f"sampler.dtype={other}"]),
+        ("dtype", f"sampler.dtype {other}", [*batch(16), f"sampler.dtype={other}"]),
         ("two_samplers", "2 samplers x 8 envs, 1 thread each", [*batch(8), "sampler.count=2", "sampler.num_threads=1"]),
     ]
     note = ""
@@ -104,6 +112,8 @@ def main() -> None:
         note = "vLLM row left out: vllm is not installed (./install.sh --vllm)"
     else:
         rows.append(("vllm", "sampler.engine vllm, batch 16", [*batch(16), "sampler.engine=vllm"]))
+    if args.rows is not None:
+        rows = [row for row in rows if row[0] == "baseline" or row[0] in args.rows]
     rows.append(("baseline_again", "the baseline again", batch(16)))
 
     measured: dict[str, dict] = {}
