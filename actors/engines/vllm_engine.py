@@ -82,17 +82,15 @@ def _import_vllm() -> dict[str, Any]:
     }
 
 
-def _check_cpu_head_size(model: str) -> None:
+def _check_cpu_head_size(model: str, config: Any) -> None:
     """vLLM's CPU attention runs only some head sizes, and says so only when the first batch fails inside its
     engine process; check the model's before starting.
 
     Raises:
         EngineUnavailableError: the model's attention heads are of a size the CPU build cannot run.
     """
-    from transformers import AutoConfig
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
-    config = AutoConfig.from_pretrained(model, local_files_only=True)
     head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     supported = CPUAttentionBackend.get_supported_head_sizes()
     if head not in supported:
@@ -102,7 +100,7 @@ def _check_cpu_head_size(model: str) -> None:
         )
 
 
-def _cpu_args(model: str, max_model_len: int | None) -> dict[str, Any]:
+def _cpu_args(config: Any, max_model_len: int | None) -> dict[str, Any]:
     """Engine arguments for vLLM's CPU build: eager mode (its inductor warm-up took minutes on a 2-core
     machine), a bounded key/value cache (without one vLLM takes ``gpu_memory_utilization`` of the
     machine's RAM; ``VLLM_CPU_KVCACHE_SPACE`` (GiB), when set, overrides the bound) and whole prefills.
@@ -110,11 +108,9 @@ def _cpu_args(model: str, max_model_len: int | None) -> dict[str, Any]:
     A prompt split over scheduler steps (chunked prefill) makes the CPU worker rewind the seeded request's
     generator with ``set_offset``, which a CPU ``torch.Generator`` refuses ("CPU Generator does not use
     offset"): the engine dies. So each prompt is prefilled in one step, in a step budget of the longest
-    sequence the engine accepts.
+    sequence the engine accepts (``max_model_len``, else the model ``config``'s own limit).
     """
-    from transformers import AutoConfig
-
-    longest = max_model_len or AutoConfig.from_pretrained(model, local_files_only=True).max_position_embeddings
+    longest = max_model_len or config.max_position_embeddings
     return {
         "enforce_eager": True,
         "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES,
@@ -168,7 +164,10 @@ class VLLMEngine(Engine):
         self.merger: AdapterMerger | None = None
         model = str(model_dir(model_name))
         if self._vllm["on_cpu"]:
-            _check_cpu_head_size(model)
+            from transformers import AutoConfig
+
+            model_config = AutoConfig.from_pretrained(model, local_files_only=True)
+            _check_cpu_head_size(model, model_config)
         self.stop_token_ids = sorted(set(stop_token_ids))
         self.generator = torch.Generator().manual_seed(seed)
         self.weights_version = 0
@@ -190,7 +189,7 @@ class VLLMEngine(Engine):
             # vLLM's CPU build refuses the setting; its workers' sleep and wake do nothing.
             enable_sleep_mode=enable_sleep_mode and not self._vllm["on_cpu"],
             **({} if max_num_seqs is None else {"max_num_seqs": max_num_seqs}),
-            **(_cpu_args(model, max_model_len) if self._vllm["on_cpu"] else {}),
+            **(_cpu_args(model_config, max_model_len) if self._vllm["on_cpu"] else {}),
         )
         self._llm = self._run(self._start(args))
         if adapter is not None:
