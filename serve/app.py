@@ -143,6 +143,14 @@ class PolicyServer(PolicyModel):
             episodes=episode_store(model["app_name"], self.source, limits),
         )
 
+    async def ready(self) -> int:
+        """The weights version, once this replica has caught up and the episode book answers (the book's actor
+        loads a tokenizer as it starts: the first episode call must not wait for that)."""
+        version = await super().ready()
+        if self.api.episodes is not None:
+            await self.api.episodes.stats.remote()
+        return version
+
     def __serve_build_asgi_app__(self):
         return build_api(self.api)
 

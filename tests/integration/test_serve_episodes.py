@@ -3,6 +3,7 @@ tags its calls with an episode and posts its reward; the endpoint records the id
 
 from __future__ import annotations
 
+import functools
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -21,6 +22,9 @@ from agentgym_rl.serve.app import APP_NAME, ServeArgs, start_server, stop_server
 from agentgym_rl.serve.deployment import STORE_NAMESPACE, episodes_name
 
 MAX_TOKENS = 12
+# Each HTTP call may wait 120 s: on a loaded 2-core CI machine the first answers take seconds.
+post = functools.partial(httpx.post, timeout=120)
+get = functools.partial(httpx.get, timeout=120)
 OPENING = [{"role": "system", "content": "You play a grid game."}, {"role": "user", "content": "You see a red ball."}]
 OBSERVATIONS = ["You moved forward.", "You see a wall.", "You picked up the ball."]
 
@@ -44,7 +48,7 @@ def client(url: str) -> openai.OpenAI:
 
 
 def open_episode(url: str, group: str | None = None) -> dict:
-    response = httpx.post(f"{url}/v1/episodes", json={"env": "babyai", "task_id": 5, "group": group})
+    response = post(f"{url}/v1/episodes", json={"env": "babyai", "task_id": 5, "group": group})
     assert response.status_code == 201, response.text
     return response.json()
 
@@ -75,7 +79,7 @@ def test_the_ids_recorded_are_the_ids_the_replica_sampled_token_for_token(server
     opened = open_episode(server, group="task-5")
     token = opened["token"]
     history = play(server, token, turns=3)
-    closed = httpx.post(
+    closed = post(
         f"{server}/v1/episodes/{opened['id']}/reward", json={"reward": 1.0}, headers={"X-Episode-Token": token}
     )
     assert closed.status_code == 200, closed.text
@@ -119,7 +123,7 @@ def test_a_streamed_episode_records_what_the_same_calls_unstreamed_record(server
     for stream in (False, True):
         opened = open_episode(server, group=f"streamed-{stream}")
         history = play(server, opened["token"], turns=2, stream=stream)
-        closed = httpx.post(
+        closed = post(
             f"{server}/v1/episodes/{opened['id']}/reward",
             json={"reward": 1.0},
             headers={"X-Episode-Token": opened["token"]},
@@ -149,9 +153,9 @@ def test_an_edited_reply_is_reported_on_the_episode_and_never_trains(server):
         model=TINY_RANDOM, messages=history, max_tokens=MAX_TOKENS, user=f"episode:{token}"
     )
     assert reply.choices[0].message.content is not None  # still served
-    info = httpx.get(f"{server}/v1/episodes/{opened['id']}", headers={"X-Episode-Token": token}).json()
+    info = get(f"{server}/v1/episodes/{opened['id']}", headers={"X-Episode-Token": token}).json()
     assert "turn 1's assistant reply differs" in info["mismatch"] and info["turns"] == 1
-    httpx.post(f"{server}/v1/episodes/{opened['id']}/reward", json={"reward": 1.0}, headers={"X-Episode-Token": token})
+    post(f"{server}/v1/episodes/{opened['id']}/reward", json={"reward": 1.0}, headers={"X-Episode-Token": token})
     assert harvest() == []
 
 
@@ -164,23 +168,19 @@ def bad_requests(url: str) -> dict[str, httpx.Response]:
     headers = {"X-Episode-Token": token}
     chat = {"model": TINY_RANDOM, "messages": OPENING, "max_tokens": 4}
     found = {
-        "unknown episode": httpx.post(
-            f"{url}/v1/chat/completions", json=chat, headers={"X-Episode-Token": "ep-00.secret"}
-        ),
-        "wrong secret": httpx.get(f"{url}/v1/episodes/{episode}", headers={"X-Episode-Token": f"{episode}.wrong"}),
-        "another episode's token": httpx.get(
-            f"{url}/v1/episodes/{episode}", headers={"X-Episode-Token": other["token"]}
-        ),
-        "reward out of range": httpx.post(f"{url}/v1/episodes/{episode}/reward", json={"reward": 2.0}, headers=headers),
-        "over the context budget": httpx.post(
+        "unknown episode": post(f"{url}/v1/chat/completions", json=chat, headers={"X-Episode-Token": "ep-00.secret"}),
+        "wrong secret": get(f"{url}/v1/episodes/{episode}", headers={"X-Episode-Token": f"{episode}.wrong"}),
+        "another episode's token": get(f"{url}/v1/episodes/{episode}", headers={"X-Episode-Token": other["token"]}),
+        "reward out of range": post(f"{url}/v1/episodes/{episode}/reward", json={"reward": 2.0}, headers=headers),
+        "over the context budget": post(
             f"{url}/v1/chat/completions",
             json={**chat, "messages": [{"role": "user", "content": "go " * 400}]},
             headers={"X-Episode-Token": other["token"]},
         ),
-        "two replies": httpx.post(f"{url}/v1/chat/completions", json={**chat, "n": 2}, headers=headers),
+        "two replies": post(f"{url}/v1/chat/completions", json={**chat, "n": 2}, headers=headers),
     }
-    first = httpx.post(f"{url}/v1/episodes/{episode}/reward", json={"reward": 1.0}, headers=headers)
-    found["reward twice"] = httpx.post(f"{url}/v1/episodes/{episode}/reward", json={"reward": 0.0}, headers=headers)
+    first = post(f"{url}/v1/episodes/{episode}/reward", json={"reward": 1.0}, headers=headers)
+    found["reward twice"] = post(f"{url}/v1/episodes/{episode}/reward", json={"reward": 0.0}, headers=headers)
     found["first reward"] = first
     return found
 
