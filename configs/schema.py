@@ -670,6 +670,12 @@ class ServeConfig(Section):
     linger_s: float = Field(
         0.0, ge=0.0, description="Training: keep serving the final policy this long after the last iteration."
     )
+    act_envs: list[str] | None = Field(
+        None,
+        description="Registered envs `/v1/act` may parse for (others: 404); each replica builds an env on its first "
+        "call, which starts a simulator for some (SciWorld's Java, Deep Search's index). None: every registered "
+        "env that needs no options.",
+    )
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings (`engine: vllm`).")
     episodes: EpisodesConfig = Field(
         default_factory=EpisodesConfig, description="Episodes recorded from clients' chat calls (`/v1/episodes`)."

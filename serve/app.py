@@ -21,6 +21,7 @@ from agentgym_rl.actors.rundir import POLICY_DIR, latest_if_run
 from agentgym_rl.configs import Config
 from agentgym_rl.configs.errors import AgentGymError
 from agentgym_rl.configs.schema import ServeConfig
+from agentgym_rl.envs.registry import names as env_names
 from agentgym_rl.serve.deployment import (
     MAX_ONGOING_REQUESTS,
     STORE_NAMESPACE,
@@ -160,7 +161,8 @@ def build_app(args: ServeArgs) -> serve.Application:
 
     Raises:
         ServeError: the engine cannot run here (``serve.engine: vllm`` without vllm).
-        ValueError: the checkpoint or model cannot be found (checked here, before any replica starts).
+        ValueError: the checkpoint or model cannot be found, or ``serve.act_envs`` names an env that is not
+            registered (checked here, before any replica starts).
     """
     check_engine(args.engine)
     source = args.source
@@ -169,6 +171,9 @@ def build_app(args: ServeArgs) -> serve.Application:
     if adapter is not None:
         read_checked_adapter(adapter, name)
     limits = resolve_api_key(args.serve)
+    unknown = [name for name in limits.act_envs or [] if name not in env_names()]
+    if unknown:
+        raise ValueError(f"serve.act_envs names unregistered envs {unknown}; registered: {', '.join(env_names())}")
     scaling: dict = {"num_replicas": limits.num_replicas}
     if limits.autoscaling is not None:
         scaling = {"autoscaling_config": limits.autoscaling.model_dump()}

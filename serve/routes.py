@@ -8,6 +8,7 @@ streams back what it samples. Failures are raised (``APIError``, validation erro
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import time
 import uuid
@@ -127,6 +128,21 @@ class EpisodeRecorder:
         await self.book.abandon.remote(self.token)
 
 
+def build_act_env(name: str) -> TextEnv:
+    """The env ``/v1/act`` parses for, built with its default options (404 where it cannot start so)."""
+    try:
+        return make(name)
+    except EnvError as exc:
+        raise APIError(404, str(exc), param="env", code="env_not_found") from exc
+    except ValueError as exc:  # the env needs options (e.g. a server address) that /v1/act cannot pass
+        raise APIError(
+            404,
+            f"env {name!r} is not available here: it needs options that /v1/act cannot pass ({exc})",
+            param="env",
+            code="env_not_available",
+        ) from exc
+
+
 class PolicyAPI:
     """Request handling behind the routes: limits, prompt rendering, generation calls, decoding.
 
@@ -162,6 +178,7 @@ class PolicyAPI:
         self.hidden_ids = {tokenizer.eos_token_id}  # the stop token ends a reply; it is no part of its text
         self.created = int(time.time())
         self.envs: dict[str, TextEnv] = {}
+        self.env_lock = asyncio.Lock()
 
     @property
     def book(self) -> Any:
@@ -222,27 +239,18 @@ class PolicyAPI:
             )
         return ids
 
-    def env(self, name: str) -> TextEnv:
-        """A registered env by name (never a ``module:Class`` path: a request does not choose what is imported)."""
-        if name not in env_names():
-            raise APIError(
-                404,
-                f"unknown env {name!r}; registered envs: {', '.join(env_names())}",
-                param="env",
-                code="env_not_found",
-            )
-        if name not in self.envs:
-            try:
-                self.envs[name] = make(name)
-            except EnvError as exc:
-                raise APIError(404, str(exc), param="env", code="env_not_found") from exc
-            except ValueError as exc:  # the env needs options (e.g. a server address) that /v1/act cannot pass
-                raise APIError(
-                    404,
-                    f"env {name!r} is not available here: it needs options that /v1/act cannot pass ({exc})",
-                    param="env",
-                    code="env_not_available",
-                ) from exc
+    async def env(self, name: str) -> TextEnv:
+        """A registered env by name (never a ``module:Class`` path: a request does not choose what is imported),
+        one of ``serve.act_envs`` where that is set. It is built on its first call, once, off the event loop:
+        some envs take seconds to start a simulator, and other requests go on meanwhile."""
+        allowed = self.limits.act_envs
+        if name not in env_names() or (allowed is not None and name not in allowed):
+            offered = ", ".join(env_names() if allowed is None else allowed)
+            where = "registered envs" if allowed is None else "envs this endpoint parses for (serve.act_envs)"
+            raise APIError(404, f"unknown env {name!r}; {where}: {offered}", param="env", code="env_not_found")
+        async with self.env_lock:
+            if name not in self.envs:
+                self.envs[name] = await asyncio.to_thread(build_act_env, name)
         return self.envs[name]
 
     def completion_request(self, body: ChatCompletionRequest, prompt_ids: list[int] | None = None) -> CompletionRequest:
@@ -592,7 +600,7 @@ def build_api(api: PolicyAPI) -> FastAPI:
     )
     async def act(request: Request) -> ActResponse:
         body = await api.read_body(request, ActRequest)
-        env = api.env(body.env)
+        env = await api.env(body.env)
         messages = [
             {"role": "system", "content": env.instruction},
             *(m.model_dump(exclude={"name"}) for m in body.history),

@@ -73,9 +73,11 @@ def side_app(name: str, args: ServeArgs, server) -> str:
 
 @pytest.fixture(scope="module")
 def busy(server, checkpoint):
-    """An app with one row and no queue (a second request while one decodes gets 429), on two torch threads."""
+    """An app with one row and no queue (a second request while one decodes gets 429), on two torch threads;
+    its /v1/act parses for target-word alone."""
     config = ServeConfig(
         api_key=API_KEY,
+        act_envs=["target-word"],
         torch_threads=2,
         max_batch_size=1,
         max_queued_requests=0,
@@ -453,6 +455,24 @@ def test_act_parses_with_the_env_parser(server):
     assert act["action"] is None and "Action:" in act["invalid_reason"]
     system = {"env": "babyai", "observation": "x", "history": [{"role": "system", "content": "x"}]}
     assert post(server, "/v1/act", json=system).status_code == 400
+
+
+def test_act_parses_only_for_the_envs_the_endpoint_lists(busy):
+    body = {"observation": "Guess the word.", "max_tokens": 4, "temperature": 0}
+    listed = post({"url": busy}, "/v1/act", json={**body, "env": "target-word"})
+    assert listed.status_code == 200, listed.text
+    assert listed.json()["completion"]
+    refused = post({"url": busy}, "/v1/act", json={**body, "env": "babyai"})
+    assert refused.status_code == 404, refused.text
+    error = refused.json()["error"]
+    assert error["param"] == "env" and error["code"] == "env_not_found"
+    assert "serve.act_envs" in error["message"] and "target-word" in error["message"]
+
+
+def test_an_endpoint_listing_an_unregistered_env_for_act_is_refused_before_it_starts(checkpoint):
+    serve = ServeConfig(act_envs=["babyai", "no-such-env"])
+    with pytest.raises(ValueError, match="no-such-env"):
+        build_app(ServeArgs(checkpoint=str(checkpoint), serve=serve))
 
 
 def test_hot_swap_during_requests(server, client):
