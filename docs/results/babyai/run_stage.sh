@@ -10,7 +10,11 @@
 # config into RUNS_DIR (default runs/babyai), resuming the run if RUNS_DIR already holds it, then writes
 # docs/results/babyai/STAGE/: adapter/ (the final adapter, its tensors stored in bfloat16 to keep the
 # repository small), config.yaml (the run's resolved config), metrics.jsonl (its per-iteration metrics, for
-# `agentgym-rl plot`), eval.json and stage.json (commit, commands, wall times, machine). Every row is evaluated the same way: its committed adapter (or the base model) on the
+# `agentgym-rl plot`), eval.json and stage.json (commit, commands, wall times, machine), and records the adapter
+# weights' SHA-256 in docs/results/adapters.sha256. Only the SFT stage's adapter_model.safetensors stays in the tracked
+# tree; another stage's is ignored by git (docs/results/.gitignore): commit it once (`git add -f`), then remove it
+# (`git rm --cached`) in the next commit, and `python docs/results/restore_adapter.py STAGE` brings it back from
+# history. Every row is evaluated the same way: its committed adapter (or the base model) on the
 # 200 held-out tasks, one episode each at temperature 1, at most 10 turns, with the RL stages' sampler
 # settings (configs/babyai/grpo_stepwise.yaml), the same tasks and sampling seeds for every row.
 #
@@ -101,6 +105,9 @@ from safetensors.torch import load_file, save_file
 
 save_file({k: v.to(torch.bfloat16) for k, v in load_file(sys.argv[1]).items()}, sys.argv[2])
 EOF
+  weights=$out/adapter/adapter_model.safetensors manifest=docs/results/adapters.sha256
+  { grep -v "  $weights\$" "$manifest" || true; sha256sum "$weights"; } | sort -k2 > "$manifest.new"
+  mv "$manifest.new" "$manifest"
   cp "$run/config.yaml" "$run/metrics.jsonl" "$out/"
   eval_cmd=("$cli" eval --checkpoint "$out/adapter" "${eval_args[@]}" --output "$out/eval.json")
 fi

@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Bring a stage's LoRA adapter weights back from git history, byte for byte.
+
+    python docs/results/restore_adapter.py STAGE
+
+The tracked tree holds one stage adapter's weights, the SFT stage's (the quickstart and the BabyAI stage configs
+start from it); every other stage's ``adapter_model.safetensors`` was committed with its results and then removed
+from the tree, to keep the tree small. This writes the last committed version of STAGE's file back in place, in the
+repository of the working directory, after checking it against the SHA-256 that ``docs/results/adapters.sha256``
+records. STAGE is the folder that holds the ``adapter/`` (``sft``, ``grpo_stepwise``, ``grpo_fixed_short``,
+``grpo_fixed_long``, ``gigpo_stepwise``, ``gateway``). A restored file is ignored by git (``docs/results/.gitignore``).
+It needs the repository's history: in a shallow clone, ``git fetch --unshallow`` first. Only the standard library
+and ``git`` are used, so any Python 3.11 runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import subprocess
+from pathlib import Path
+
+MANIFEST = "docs/results/adapters.sha256"
+
+
+def git(root: Path | None, *args: str) -> bytes:
+    """``git args`` in ``root`` (the working directory when None); its stdout, or exit with git's message."""
+    where = ["-C", str(root)] if root else []
+    done = subprocess.run(["git", *where, *args], check=False, capture_output=True)
+    if done.returncode:
+        raise SystemExit(f"restore_adapter.py: git {' '.join(args)}: {done.stderr.decode().strip()}")
+    return done.stdout
+
+
+def recorded(root: Path) -> dict[str, tuple[str, str]]:
+    """Each stage in the manifest -> (its adapter weights' path from the repository root, their SHA-256)."""
+    stages = {}
+    for line in (root / MANIFEST).read_text().splitlines():
+        digest, path = line.split(maxsplit=1)
+        stages[Path(path).parents[1].name] = (path, digest)  # <stage>/adapter/adapter_model.safetensors
+    return stages
+
+
+def restore(root: Path, path: str, digest: str) -> str:
+    """Write the last committed version of ``path`` in place, if its bytes have the SHA-256 ``digest``.
+
+    Returns:
+        The commit the bytes come from.
+    Raises:
+        SystemExit: no commit in this clone has ``path`` (a shallow clone, say), or its bytes are not the recorded ones.
+    """
+    # the last commit that added or changed the file holds its last version (a later one only deleted it)
+    commit = git(root, "log", "-1", "--format=%H", "--no-renames", "--diff-filter=AM", "--", path).decode().strip()
+    if not commit:
+        shallow = git(root, "rev-parse", "--is-shallow-repository").decode().strip() == "true"
+        hint = "this is a shallow clone: run `git fetch --unshallow` and try again" if shallow else "was it committed?"
+        raise SystemExit(f"restore_adapter.py: no commit in this repository's history has {path}; {hint}")
+    data = git(root, "cat-file", "blob", f"{commit}:{path}")
+    found = hashlib.sha256(data).hexdigest()
+    if found != digest:
+        raise SystemExit(
+            f"restore_adapter.py: {path} at commit {commit[:10]} has SHA-256 {found}, but {MANIFEST} records {digest}; "
+            "nothing written (a stage trained again updates the manifest: commit its adapter before removing it)"
+        )
+    target = root / path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)
+    return commit
+
+
+def main() -> None:
+    root = Path(git(None, "rev-parse", "--show-toplevel").decode().strip())
+    stages = recorded(root)
+    parser = argparse.ArgumentParser(description="Bring a stage's LoRA adapter weights back from git history.")
+    parser.add_argument("stage", metavar="STAGE", choices=sorted(stages), help="the stage: %(choices)s")
+    stage = parser.parse_args().stage
+    path, digest = stages[stage]
+    commit = restore(root, path, digest)
+    print(f"restored {path} from commit {commit[:10]} (SHA-256 {digest})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""The documented command that brings a stage's adapter weights back from git history (docs/results/babyai.md)."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors import safe_open
+
+REPO = Path(__file__).resolve().parents[3]
+SCRIPT = REPO / "docs" / "results" / "restore_adapter.py"
+MANIFEST = REPO / "docs" / "results" / "adapters.sha256"
+SFT = "docs/results/babyai/sft/adapter/adapter_model.safetensors"
+REMOVED = "docs/results/babyai/grpo_fixed_long/adapter/adapter_model.safetensors"
+STAGES = ["gateway", "gigpo_stepwise", "grpo_fixed_long", "grpo_fixed_short", "grpo_stepwise", "sft"]
+
+
+def git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def recorded_sha256(path: str) -> str:
+    [digest] = [line.split()[0] for line in MANIFEST.read_text().splitlines() if line.split()[1] == path]
+    return digest
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def clone(tmp_path: Path) -> Path:
+    """A clone of this repository that shares its objects: the command writes there, never into this tree."""
+    if not git(REPO, "log", "-1", "--format=%H", "--", REMOVED):
+        assert git(REPO, "rev-parse", "--is-shallow-repository") == "true", f"no commit has {REMOVED}"
+        pytest.skip(f"a shallow clone without the history that holds {REMOVED} (CI uses a full clone)")
+    subprocess.run(["git", "clone", "--quiet", "--shared", str(REPO), str(tmp_path / "clone")], check=True)
+    return tmp_path / "clone"
+
+
+def restore(clone: Path, stage: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(SCRIPT), stage], check=False, cwd=clone, capture_output=True, text=True)
+
+
+def test_a_removed_stage_comes_back_as_its_committed_bytes(clone: Path):
+    target = clone / REMOVED
+    assert not target.exists(), "the stage's weights are out of the tracked tree"
+
+    done = restore(clone, "grpo_fixed_long")
+
+    assert done.returncode == 0, done.stderr
+    assert sha256(target) == recorded_sha256(REMOVED)
+    # the newest version git's history records for the path: the old side of its deletion
+    newest = git(REPO, "log", "-1", "--raw", "--no-abbrev", "--no-renames", "--format=", "--", REMOVED).split()
+    last_blob = [blob for blob in newest[2:4] if blob.strip("0")][-1]
+    assert git(clone, "hash-object", str(target)) == last_blob
+    with safe_open(str(target), framework="pt") as restored, safe_open(str(REPO / SFT), framework="pt") as sft:
+        keys = sorted(restored.keys())
+        assert keys == sorted(sft.keys()), "the same peft layout as the SFT adapter it was trained from"
+        assert all(k.startswith("base_model.model.") and k.endswith((".lora_A.weight", ".lora_B.weight")) for k in keys)
+        assert all(restored.get_slice(k).get_shape() == sft.get_slice(k).get_shape() for k in keys)
+    assert git(clone, "status", "--porcelain") == "", "a restored file stays out of git status"
+
+
+def test_an_unknown_stage_is_refused_with_the_stages(clone: Path):
+    done = restore(clone, "grpo")
+
+    assert done.returncode == 2
+    assert "invalid choice: 'grpo'" in done.stderr
+    assert all(f"'{stage}'" in done.stderr for stage in STAGES)
+
+
+def test_the_manifest_records_the_tracked_sft_adapter():
+    assert sha256(REPO / SFT) == recorded_sha256(SFT)
+    assert sorted(Path(line.split()[1]).parents[1].name for line in MANIFEST.read_text().splitlines()) == STAGES
