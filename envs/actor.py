@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
-
-import ray
+from typing import TYPE_CHECKING, Any
 
 from agentgym_rl.envs.base import EnvError, Observation, StepResult, state_digest
 from agentgym_rl.envs.registry import make
+
+if TYPE_CHECKING:
+    import ray
 
 
 def hide_unreserved_gpus() -> None:
@@ -18,8 +19,13 @@ def hide_unreserved_gpus() -> None:
     Ray sets ``CUDA_VISIBLE_DEVICES`` to the reserved GPUs for an actor that reserves some and, in the
     versions this project runs on, leaves it unset for one that reserves none, which would then see every
     GPU of its node. Each actor calls this first in ``__init__``, before anything initialises CUDA. Outside
-    a Ray actor (a test, a script using a class directly) it does nothing.
+    a Ray actor (a test, a script using a class directly) it does nothing, and that includes a machine without
+    Ray, where the learner runs as a plain class (``benchmarks/gpu_check.py``).
     """
+    try:
+        import ray
+    except ImportError:
+        return
     if not ray.is_initialized():
         return
     context = ray.get_runtime_context()
@@ -89,5 +95,7 @@ def create_env_actor(
     name: str, options: dict[str, Any] | None = None, *, num_cpus: float = 0.05
 ) -> ray.actor.ActorHandle:
     """Start an ``EnvActor`` for env ``name``; Ray restarts it (up to 3 times) if its process dies."""
+    import ray
+
     actor_cls = ray.remote(EnvHost).options(num_cpus=num_cpus, max_restarts=3, name=None)
     return actor_cls.remote(name, options)

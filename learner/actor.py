@@ -6,8 +6,8 @@ import functools
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import ray
 import structlog
 import torch
 
@@ -45,6 +45,9 @@ from agentgym_rl.learner.lora import (
 from agentgym_rl.learner.losses import masked_mean
 from agentgym_rl.learner.precision import BFloat16Compute, resolve_precision
 from agentgym_rl.learner.schedule import lr_multiplier
+
+if TYPE_CHECKING:
+    import ray
 
 log = structlog.get_logger()
 
@@ -278,6 +281,8 @@ class LearnerActor:
 
     def update(self, trajectory_refs: list[ray.ObjectRef]) -> dict[str, float]:
         """One iteration of optimisation on the trajectories behind ``trajectory_refs``; returns metrics."""
+        import ray  # imported here so that the learner runs where Ray is not installed (update_batch)
+
         return self.update_batch(ray.get(trajectory_refs))
 
     def update_batch(self, trajectories: list[Trajectory]) -> dict[str, float]:
@@ -443,6 +448,8 @@ class LearnerActor:
         with self.backend.gathered():
             if self.backend.rank != 0:
                 return []
+            import ray
+
             payload = self.weights_payload()
             self.published_bytes = payload.num_bytes
             return [ray.put(payload)]
