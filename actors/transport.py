@@ -4,7 +4,7 @@ really hold, and the CUDA IPC transport for ends that share one GPU.
 Each end of a sync reports a :class:`DeviceIdentity` (its node and its GPU's UUID, or the CPU), and
 :func:`choose_transport` picks from them, never from the config:
 
-* ``cuda_ipc``: every receiver is on the sender's very GPU (colocated mode). The sender shares its tensors
+* ``cuda_ipc``: every receiver is on the sender's very GPU, seen from the same machine (colocated mode). The sender shares its tensors
   as CUDA IPC handles (:func:`share_cuda_tensors`, a few hundred bytes a tensor), the receivers open them
   in place (:func:`open_cuda_tensors`) and copy from them on the device; nothing touches the host.
 * ``nccl``: every end on a GPU of its own. NCCL refuses two ranks on one device ("Duplicate GPU detected"),
@@ -19,7 +19,6 @@ This module needs torch alone (no Ray), so the GPU check runs it on a bare GPU m
 from __future__ import annotations
 
 import socket
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -39,7 +38,7 @@ class DeviceIdentity:
     """Where one end of a weight sync holds its tensors.
 
     Attributes:
-        node: the Ray node id of the end's process (its hostname outside Ray).
+        node: the hostname of the end's machine.
         device: ``"cpu"``, or the UUID of the end's GPU (``torch.cuda.get_device_properties(i).uuid``).
     """
 
@@ -52,10 +51,8 @@ class DeviceIdentity:
 
 
 def this_node() -> str:
-    """This process's node: its Ray node id when Ray is running here, else the hostname."""
-    ray = sys.modules.get("ray")  # never imported here: a process without Ray is on its host's node
-    if ray is not None and ray.is_initialized():
-        return ray.get_runtime_context().get_node_id()
+    """This process's node: its hostname, which every process on the machine reports alike (Ray's node id is
+    unknown to a vLLM worker that vLLM itself started, and to a process without Ray)."""
     return socket.gethostname()
 
 
@@ -86,7 +83,9 @@ def choose_transport(sender: DeviceIdentity, receivers: list[DeviceIdentity]) ->
         return "gloo"
     if all(end == sender for end in receivers):
         return "cuda_ipc"
-    if len(set(ends)) == len(ends):
+    # A GPU's UUID names one device wherever it is seen from: two ends with one UUID are one device to NCCL.
+    gpus = [end.device for end in ends]
+    if len(set(gpus)) == len(gpus):
         return "nccl"
     return "gloo"
 
@@ -102,6 +101,23 @@ class CudaIpcHandles:
 
     device: str
     tensors: tuple[tuple[str, Callable[..., torch.Tensor], tuple[Any, ...]], ...]
+
+
+@dataclass(frozen=True)
+class SharedWeights:
+    """One version of the weights shared by CUDA IPC: what a receiver on the sender's GPU loads.
+
+    Attributes:
+        handles: the tensors (Hugging Face names, or peft's for an adapter).
+        version: the weights version.
+        lora_scale: None for full weights; else the tensors are a LoRA adapter with this alpha / r.
+        num_bytes: the tensors' size.
+    """
+
+    handles: CudaIpcHandles
+    version: int
+    lora_scale: float | None
+    num_bytes: int
 
 
 def share_cuda_tensors(tensors: dict[str, torch.Tensor]) -> CudaIpcHandles:

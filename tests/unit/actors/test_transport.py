@@ -45,8 +45,8 @@ def end(device: str, node: str = "node-1") -> DeviceIdentity:
         (end(GPU_A), [end(GPU_B), end(GPU_B)], "gloo"),
         # one sampler colocated with the learner, another elsewhere
         (end(GPU_A), [end(GPU_A), end(GPU_B)], "gloo"),
-        # a GPU's UUID alone on another node is another end (IPC needs one node)
-        (end(GPU_A), [end(GPU_A, "node-2")], "nccl"),
+        # one GPU seen from two machines' names (two containers): no IPC, and still one device to NCCL
+        (end(GPU_A), [end(GPU_A, "node-2")], "gloo"),
         # anything on the CPU
         (end(CPU), [end(CPU)], "gloo"),
         (end(GPU_A), [end(CPU)], "gloo"),
