@@ -257,10 +257,16 @@ class LearnerActor:
         out = call(*(tensor.to(device) for tensor in inputs))
         return {key: unpack_targets(value, packed, mask.shape) for key, value in out.items()}
 
-    def _policy_call(self, model: torch.nn.Module, entropy: bool):
+    def _policy_call(self, model: torch.nn.Module, entropy: bool, entropy_graph: bool = False):
         def call(input_ids, attention_mask, target_mask, position_ids):
             return masked_token_outputs(
-                model, input_ids, attention_mask, target_mask, entropy=entropy, position_ids=position_ids
+                model,
+                input_ids,
+                attention_mask,
+                target_mask,
+                entropy=entropy,
+                entropy_graph=entropy_graph,
+                position_ids=position_ids,
             )
 
         return call
@@ -418,7 +424,9 @@ class LearnerActor:
         summed: dict[str, float] = {}
         from_forward = self.old_logprobs_source == "forward"
         for k, (part, share) in enumerate(parts):
-            forward_out = self._run(part, self._policy_call(self.compute_policy, True))
+            # The entropy is always a metric; its graph is kept only when the loss differentiates it.
+            entropy_graph = self.algorithm.differentiates_entropy
+            forward_out = self._run(part, self._policy_call(self.compute_policy, True, entropy_graph))
             part = {key: value.to(self.device) for key, value in part.items()}
             if from_forward:
                 # One optimizer step per batch: these weights are the ones before the step, so the ratio's

@@ -61,13 +61,16 @@ class TorchBackend:
             self.compute.collect_gradients()
 
     def step(self) -> float:
-        """Clip, step, advance the schedule; returns the pre-clip global gradient norm."""
+        """Clip, step, advance the schedule and release the gradients; returns the pre-clip global gradient norm."""
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         norm = float(torch.nn.utils.clip_grad_norm_(params, self.grad_clip))
         self.optimizer.step()
         self.scheduler.step()
         if self.compute is not None:
             self.compute.copy_weights()
+        # Freed now, not at the next step's zero_grad: between updates (the rollout, which in colocated mode
+        # shares the GPU) they would hold one more copy of the trainable weights.
+        self.optimizer.zero_grad(set_to_none=True)
         return norm
 
     def sum_metrics(self, metrics: dict[str, float]) -> dict[str, float]:

@@ -18,6 +18,7 @@ def masked_token_outputs(
     target_mask: torch.Tensor,
     *,
     entropy: bool,
+    entropy_graph: bool = True,
     position_ids: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Log-probabilities (and entropies) of next tokens where ``target_mask`` is set.
@@ -31,6 +32,8 @@ def masked_token_outputs(
         attention_mask: (B, L) padding mask, or (B, 1, L, L) boolean mask for packed rows.
         target_mask: (B, L-1); position t selects the prediction of token t+1.
         entropy: also return the entropy of the next-token distribution at the selected positions.
+        entropy_graph: keep the entropy's autograd graph (a loss differentiates it); else it is computed as a
+            constant, for metrics.
         position_ids: (B, L) positions (packed rows restart them per sequence).
 
     Returns:
@@ -45,8 +48,11 @@ def masked_token_outputs(
     shape = target_mask.shape
     out = {"logprobs": scatter_targets(-F.cross_entropy(logits, targets, reduction="none"), rows, cols, shape)}
     if entropy:
-        log_probs = torch.log_softmax(logits, dim=-1)
-        out["entropy"] = scatter_targets(-(log_probs.exp() * log_probs).sum(-1), rows, cols, shape)
+        # With its graph the backward keeps several (N, V) float32 tensors for it (about 5 GB each at 8k
+        # targets and a 152k vocabulary); a metric needs none of them.
+        with torch.set_grad_enabled(entropy_graph and torch.is_grad_enabled()):
+            log_probs = torch.log_softmax(logits, dim=-1)  # (N, V)
+            out["entropy"] = scatter_targets(-(log_probs.exp() * log_probs).sum(-1), rows, cols, shape)
     return out
 
 

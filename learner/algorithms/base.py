@@ -86,6 +86,14 @@ class Algorithm(abc.ABC):
         return True
 
     @property
+    def differentiates_entropy(self) -> bool:
+        """Whether ``compute_loss`` differentiates ``forward_out["entropy"]`` (an entropy bonus). When it does
+        not, the learner computes the entropy without its autograd graph, for metrics only: the backward then
+        keeps no (tokens, vocabulary) float32 tensors for it. True by default, the safe answer for an algorithm
+        that does not say."""
+        return True
+
+    @property
     def advantages_read_old_logprobs(self) -> bool:
         """Whether ``compute_advantages`` reads ``old_logprobs``. When it does not and each batch gets one
         optimizer step, the learner fills ``old_logprobs`` from the training forward itself (detached)
@@ -137,7 +145,8 @@ class Algorithm(abc.ABC):
 
         Args:
             batch: micro-batch columns, including ``advantages`` and ``old_logprobs``; all (B, T).
-            forward_out: ``logprobs`` and ``entropy`` (B, T) with grad, and ``values`` for critics.
+            forward_out: ``logprobs`` (B, T) with grad, ``entropy`` (B, T) (with grad when
+                ``differentiates_entropy``), and ``values`` for critics.
 
         Returns:
             (scalar loss, metrics named ``learner/...``).

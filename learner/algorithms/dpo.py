@@ -88,6 +88,11 @@ class DPO(Algorithm):
 
     @property
     @override
+    def differentiates_entropy(self) -> bool:
+        return False
+
+    @property
+    @override
     def skips_uninformative_groups(self) -> bool:
         return True  # a task whose episodes all got the same reward forms no pair
 

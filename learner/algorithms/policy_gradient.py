@@ -144,6 +144,11 @@ class PolicyGradient(Algorithm):
 
     @property
     @override
+    def differentiates_entropy(self) -> bool:
+        return self.config.entropy_coef > 0
+
+    @property
+    @override
     def advantages_read_old_logprobs(self) -> bool:
         # Only the KL-as-reward penalty, subtracted from the rewards before the advantages, reads them.
         return self.config.kl_mode == "reward" and self.needs_reference

@@ -21,6 +21,11 @@ class SFT(Algorithm):
     def uses_old_logprobs(self) -> bool:
         return False
 
+    @property
+    @override
+    def differentiates_entropy(self) -> bool:
+        return False
+
     @override
     def compute_advantages(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return torch.zeros_like(batch[LOSS_MASK])
