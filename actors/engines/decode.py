@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from agentgym_rl.actors.engines.sampling import SamplingParams, StopStrings, filter_logits
+from agentgym_rl.actors.engines.sampling import SamplingParams, StopStrings, filter_logits, sample_rows, stream_on
 
 # Per row: (cached length, its per-layer keys/values or None). Cached columns come before new ids.
 Reused = tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]
@@ -41,7 +41,8 @@ class Row:
 
     Attributes:
         params: how this row is sampled.
-        generator: the row's own random stream; None draws from the batch's shared stream.
+        generator: the row's own random stream; None draws from the batch's shared stream. A stream on
+            another device than the batch's is replaced by one on the batch's device, seeded from it.
         stops: matcher of ``params.stop`` (None when there are none).
         tag: the caller's handle on the row (the batch never reads it).
         counts: (V,) occurrences of each token in the reply, kept only for penalised rows.
@@ -164,6 +165,8 @@ class DecodeBatch:
         reused = reused if reused is not None else [(0, None)] * len(prompts)
         input_ids, attention, positions, cache = prefill_inputs(prompts, reused, self.pad_token_id, self.device)
         for row in rows:
+            if row.generator is not None:
+                row.generator = stream_on(row.generator, self.device)
             if row.params.penalised and row.counts is None:
                 row.counts = torch.zeros(self.model.config.vocab_size, device=self.device)
         out = self.model(
@@ -259,23 +262,16 @@ class DecodeBatch:
         return scaled, probs
 
     def _sample(self, probs: torch.Tensor, running: list[int]) -> torch.Tensor:
-        """One token id per row (pad for rows that do not sample). probs: (B, V)."""
+        """One token id per row, drawn on the batch's device (ids of rows that do not sample are ignored).
+        probs: (B, V); returns (B,)."""
         rows = self.rows
         if all(row.generator is None for row in rows):
-            return torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
-        sampled = torch.full((len(rows),), self.pad_token_id, dtype=torch.long, device=self.device)
+            return sample_rows(probs, [(self.generator, list(range(len(rows))))])
+        # One stream per row, drawn only while the row runs: a row's samples do not depend on
+        # which other rows share the batch or how long they run.
         shared = [i for i in running if rows[i].generator is None]
-        if shared:
-            index = torch.tensor(shared, device=self.device)
-            sampled[index] = torch.multinomial(probs[index], 1, generator=self.generator).squeeze(-1)
-        own = [i for i in running if rows[i].generator is not None]
-        if own:
-            # One stream per row, drawn only while the row runs: a row's samples do not depend on
-            # which other rows share the batch or how long they run.
-            row_probs = probs.to(rows[own[0]].generator.device)  # row streams are CPU generators, also on a GPU
-            for i in own:
-                sampled[i] = torch.multinomial(row_probs[i], 1, generator=rows[i].generator)[0]
-        return sampled
+        own = [(rows[i].generator, [i]) for i in running if rows[i].generator is not None]
+        return sample_rows(probs, [(self.generator, shared), *own])
 
     def _top_logprobs(
         self, step_logprobs: torch.Tensor, running: list[int]

@@ -90,6 +90,40 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return logits
 
 
+def stream_on(generator: torch.Generator, device: torch.device) -> torch.Generator:
+    """``generator`` itself when it lives on ``device``'s kind of device, else a stream there seeded by one draw
+    from it.
+
+    A row's draws then stay on the device its probabilities are on (no (V,) host copy per token), and
+    still depend only on the caller's stream: the same seed gives the same tokens whatever shares the batch.
+    """
+    if generator.device.type == device.type:
+        return generator
+    seed = int(torch.randint(2**63 - 1, (), generator=generator, device=generator.device))
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def sample_rows(probs: torch.Tensor, draws: list[tuple[torch.Generator, list[int]]]) -> torch.Tensor:
+    """One token id per row of ``probs`` (B, V), drawn on its device; returns (B,) on that device.
+
+    ``torch.multinomial(p, 1)`` is PyTorch's Gumbel-max draw ``argmax(p / q)`` with ``q ~ Exp(1)``; drawing
+    ``q`` here gives the same ids as ``torch.multinomial(probs[rows], 1, generator=stream)`` for each
+    ``(stream, rows)`` of ``draws`` (each stream fills its rows' noise at once, in order, as multinomial
+    does), without multinomial's host sync per call, and all rows share one division and argmax.
+    Every stream must live on ``probs``' device. Rows no stream draws for get an id the caller ignores.
+    """
+    noise = torch.ones_like(probs)  # (B, V)
+    for stream, rows in draws:
+        if len(rows) == probs.shape[0]:
+            noise.exponential_(generator=stream)
+        elif len(rows) == 1:
+            noise[rows[0]].exponential_(generator=stream)
+        elif rows:
+            block = torch.empty((len(rows), probs.shape[1]), dtype=probs.dtype, device=probs.device)
+            noise[torch.tensor(rows, device=probs.device)] = block.exponential_(generator=stream)
+    return torch.div(probs, noise, out=noise).argmax(dim=-1)  # (B,): multinomial divides in place too
+
+
 class StopStrings:
     """Finds stop strings in a growing list of sampled ids without decoding the whole reply each step.
 
