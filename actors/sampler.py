@@ -30,6 +30,7 @@ from agentgym_rl.actors.logs import Timeline
 from agentgym_rl.actors.models import load_tokenizer
 from agentgym_rl.actors.rollout import run_episode
 from agentgym_rl.actors.trajectory import Trajectory
+from agentgym_rl.actors.transport import DeviceIdentity, SharedWeights
 from agentgym_rl.actors.weight_sync import GroupAddress
 from agentgym_rl.actors.weights import WeightsPayload
 from agentgym_rl.configs.schema import EnvConfig, ModelConfig, SamplerConfig
@@ -164,9 +165,10 @@ class SamplerActor:
         """The latest events with their wall-clock times: ``asleep``, ``awake``, ``weights loaded``."""
         return self.events.read()
 
-    async def weight_group_ranks(self, adapter: bool) -> int:
-        """Members of a weight group this sampler's engine takes (see ``Engine.weight_group_ranks``)."""
-        return self.engine.weight_group_ranks(adapter)
+    async def weight_group_identities(self, adapter: bool) -> list[DeviceIdentity]:
+        """Where each member of a weight group this sampler's engine takes holds its tensors (see
+        ``Engine.weight_group_identities``): one per member."""
+        return await asyncio.to_thread(self.engine.weight_group_identities, adapter)
 
     async def join_weight_group(self, address: GroupAddress, rank: int, adapter: bool) -> None:
         """Join the learner's weight group as ``rank`` (and the engine's further ranks); returns once formed."""
@@ -177,6 +179,15 @@ class SamplerActor:
         self._ensure_loop_state()
         async with self.engine_lock:
             await asyncio.to_thread(self.engine.receive_weights)
+        self.events.add("weights loaded")
+        return self.engine.weights_version
+
+    async def load_shared_weights(self, shared: SharedWeights) -> int:
+        """Load a version the learner shares by CUDA IPC from this sampler's GPU (between batches); returns the
+        weights version. The learner keeps the shared tensors until this returns."""
+        self._ensure_loop_state()
+        async with self.engine_lock:
+            await asyncio.to_thread(self.engine.load_shared, shared)
         self.events.add("weights loaded")
         return self.engine.weights_version
 

@@ -23,6 +23,7 @@ from agentgym_rl.actors.pools import PoolError, SamplerPool, completed, first_li
 from agentgym_rl.actors.rundir import TRAINER_STATE, RunDir
 from agentgym_rl.actors.sampler import EpisodeRequest
 from agentgym_rl.actors.trajectory import Trajectory
+from agentgym_rl.actors.transport import Transport, choose_transport
 from agentgym_rl.actors.weight_sync import GroupAddress
 from agentgym_rl.configs import Config
 from agentgym_rl.configs.schema import MixEntry
@@ -79,6 +80,7 @@ class Trainer(ABC):
         self.learners: list[ray.actor.ActorHandle] = []
         self.learner_device = "cpu"  # where the learners compute (``cpu`` or ``cuda``), from their description
         self.weight_group_members: list[ray.actor.ActorHandle] | None = None  # the samplers of the weight group
+        self.transport: Transport | None = None  # how versions reach weight_group_members (``_form_weight_group``)
         self.payload: list[ray.ObjectRef] | None = None  # this version in the object store, once published
         self.sync_bytes = 0  # the size of the last version sent
         self.slots: list[EnvSlot] = []  # each env's task draw and sampler pool, once the actors started
@@ -310,7 +312,8 @@ class Trainer(ABC):
 
     @property
     def broadcasting(self) -> bool:
-        """Whether versions reach the samplers by broadcast (``trainer.weight_sync.method``)."""
+        """Whether versions go from the learner straight into the samplers' engines, by broadcast or CUDA IPC
+        (``trainer.weight_sync.method``)."""
         method = self.config.trainer.weight_sync.method
         return method == "broadcast" or (method == "auto" and self.learner_device == "cuda")
 
@@ -342,53 +345,96 @@ class Trainer(ABC):
             self.weights_version = versions[0]
 
     def _broadcast_weights(self, receivers: list[tuple[SamplerPool, ray.actor.ActorHandle]], iteration) -> None:
-        """Broadcast this version from learner rank 0 to the samplers' engines, forming the weight group again
-        when the samplers changed; a failed broadcast (a sampler lost on the way, a timeout) is said in a
-        warning and this version goes through the object store instead."""
+        """Send this version from learner rank 0 straight into the samplers' engines by the transport the devices
+        of both ends call for (``actors.transport.choose_transport``; chosen again, with the weight group formed
+        again, when the samplers changed): CUDA IPC where every engine is on the learner's GPU, else a broadcast.
+        A failed sync (a sampler lost on the way, a timeout, a group that did not form) is said in a warning and
+        this version goes through the object store instead; the learner goes on."""
         cfg = self.config.trainer.weight_sync
         members = [sampler for _, sampler in receivers]
         try:
             if self.weight_group_members != members:
-                self.weight_group_members = None
-                self._form_weight_group(members)
+                self.weight_group_members = self.transport = None
+                self.transport = self._form_weight_group(members)
                 self.weight_group_members = members
-            sends = [learner.broadcast_weights.remote(int(cfg.bucket_mb * 2**20)) for learner in self.learners]
-            receives = {sampler.receive_weights.remote(): (pool, sampler) for pool, sampler in receivers}
-            versions, failures = [], []
-            for ref, (pool, sampler) in receives.items():
-                try:
-                    versions.append(ray.get(ref))
-                except ray.exceptions.RayError as exc:
-                    failures.append(first_line(exc))
-                    if sampler_lost(exc):
-                        pool.lose(sampler, iteration, exc)
-            self.sync_bytes = ray.get(sends)[0]
+            if self.transport == "cuda_ipc":
+                versions, failures = self._share_weights(receivers, iteration)
+            else:
+                sends = [learner.broadcast_weights.remote(int(cfg.bucket_mb * 2**20)) for learner in self.learners]
+                receives = {sampler.receive_weights.remote(): (pool, sampler) for pool, sampler in receivers}
+                versions, failures = self._await_loads(receives, iteration)
+                self.sync_bytes = ray.get(sends)[0]
         except ray.exceptions.RayActorError as exc:
             raise self._learner_died("the weight sync", exc) from exc
         except ray.exceptions.RayTaskError as exc:  # the group did not form, or the sender's broadcast failed
             failures = [first_line(exc)]
         if failures:
             self.weight_group_members = None  # formed again at the next sync
-            log.warning("weight broadcast failed; this version goes through the object store", reasons=failures)
+            log.warning(
+                "weight sync failed; this version goes through the object store",
+                transport=self.transport,
+                reasons=failures,
+            )
             live = [(pool, sampler) for pool, sampler in receivers if sampler in pool.samplers]
             self._load_from_object_store(live, iteration)
             self.sync_bytes = ray.get(self.learner.last_published_bytes.remote())
             return
         self.weights_version = versions[0]
 
-    def _form_weight_group(self, members: list[ray.actor.ActorHandle]) -> None:
-        """Form a weight group of learner rank 0 and ``members``' engines (each takes one rank or more)."""
+    def _await_loads(
+        self,
+        loads: dict[ray.ObjectRef, tuple[SamplerPool, ray.actor.ActorHandle]],
+        iteration: int,
+        timeout_s: float | None = None,
+    ) -> tuple[list[int], list[str]]:
+        """Wait for the samplers' loads of one version, each up to ``timeout_s`` (a lost sampler leaves its pool);
+        returns the versions loaded and what failed."""
+        versions, failures = [], []
+        for ref, (pool, sampler) in loads.items():
+            try:
+                versions.append(ray.get(ref, timeout=timeout_s))
+            except ray.exceptions.RayError as exc:
+                failures.append(first_line(exc))
+                if sampler_lost(exc):
+                    pool.lose(sampler, iteration, exc)
+        return versions, failures
+
+    def _share_weights(
+        self, receivers: list[tuple[SamplerPool, ray.actor.ActorHandle]], iteration: int
+    ) -> tuple[list[int], list[str]]:
+        """CUDA IPC: learner rank 0 shares this version's tensors on its GPU and every sampler's engine, on the same
+        GPU, copies them in place; rank 0 lets them go once every load has returned. Returns the versions loaded
+        and what failed."""
+        shared = ray.get([learner.share_weights.remote() for learner in self.learners])[0]
+        try:
+            loads = {sampler.load_shared_weights.remote(shared): (pool, sampler) for pool, sampler in receivers}
+            # A broadcast's receivers time out by themselves (the group's timeout); these wait here.
+            versions, failures = self._await_loads(loads, iteration, self.config.trainer.weight_sync.timeout_s)
+        finally:
+            ray.get(self.learner.release_shared_weights.remote())
+        self.sync_bytes = shared.num_bytes
+        return versions, failures
+
+    def _form_weight_group(self, members: list[ray.actor.ActorHandle]) -> Transport:
+        """Choose the transport from where learner rank 0 and ``members``' engines hold their tensors, and for a
+        broadcast form its weight group (each engine takes one rank or more); returns the transport."""
         cfg = self.config.trainer.weight_sync
         adapter = self.config.learner.lora.enabled
-        ranks = ray.get([sampler.weight_group_ranks.remote(adapter) for sampler in members])
+        sender = ray.get(self.learner.device_identity.remote())
+        identities = ray.get([sampler.weight_group_identities.remote(adapter) for sampler in members])
+        transport = choose_transport(sender, [identity for own in identities for identity in own])
+        if transport == "cuda_ipc":
+            log.info("weights go by CUDA IPC", receivers=len(members), gpu=sender.device)
+            return transport
         host, port = ray.get(self.learner.weight_group_address.remote())
-        backend = "nccl" if self.learner_device == "cuda" and self.config.sampler.num_gpus != 0 else "gloo"
-        address = GroupAddress(host, port, 1 + sum(ranks), backend, cfg.timeout_s)
+        ranks = [len(own) for own in identities]
+        address = GroupAddress(host, port, 1 + sum(ranks), transport, cfg.timeout_s)
         firsts = [1 + sum(ranks[:i]) for i in range(len(members))]
         joins = [self.learner.join_weight_group.remote(address)]
         joins += [sampler.join_weight_group.remote(address, first, adapter) for sampler, first in zip(members, firsts)]
         ray.get(joins)
-        log.info("weight group formed", members=address.world_size, backend=backend, address=f"{host}:{port}")
+        log.info("weight group formed", members=address.world_size, backend=transport, address=f"{host}:{port}")
+        return transport
 
     def _rollout(self, iteration: int, progress: Progress | None) -> tuple[list[ray.ObjectRef], list[Trajectory]]:
         """Play this iteration's task groups; returns the trajectory refs and the trajectories, by group."""

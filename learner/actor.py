@@ -16,6 +16,7 @@ from agentgym_rl.actors.logs import Timeline
 from agentgym_rl.actors.lora import load_policy, read_checked_adapter, write_base_model
 from agentgym_rl.actors.models import load_model, load_tokenizer, resolve_dtype
 from agentgym_rl.actors.trajectory import Trajectory
+from agentgym_rl.actors.transport import DeviceIdentity, SharedWeights, device_identity, share_cuda_tensors
 from agentgym_rl.actors.weight_sync import GroupAddress, WeightGroup, free_address
 from agentgym_rl.actors.weights import WeightsPayload, pack_state_dict
 from agentgym_rl.configs.errors import AgentGymError
@@ -116,6 +117,7 @@ class LearnerActor:
         self.offload_optimizer = offload_optimizer
         self.events = Timeline()
         self.weight_group: WeightGroup | None = None  # joined when the run broadcasts its weights
+        self.shared_tensors: dict[str, torch.Tensor] | None = None  # shared by CUDA IPC until the receivers load
         self.tokenizer = load_tokenizer(model.name)
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.algorithm = build_algorithm(algorithm.name, algorithm.model_extra or {})
@@ -465,8 +467,16 @@ class LearnerActor:
     def weights_payload(self) -> WeightsPayload:
         """The current weights as samplers load them: the float32 master in the samplers' dtype, versioned. A
         LoRA policy publishes its adapter alone (samplers merge it into the base weights they hold)."""
-        tensors, lora_scale = self.published_tensors()
+        tensors, lora_scale = self.outgoing_tensors()
         return pack_state_dict(tensors, self.version, dtype=self.publish_dtype, lora_scale=lora_scale)
+
+    def outgoing_tensors(self) -> tuple[dict[str, torch.Tensor], float | None]:
+        """``published_tensors`` at least cost, still to be cast to the samplers' dtype: under bf16-mixed, full
+        weights published in bfloat16 are the compute copy's own tensors, the master already rounded to
+        bfloat16 (no cast and no copy of the model)."""
+        if self.mixed is not None and self.publish_dtype == "bfloat16" and not is_lora(self.policy):
+            return self.compute_policy.state_dict(), None
+        return self.published_tensors()
 
     def published_tensors(self) -> tuple[dict[str, torch.Tensor], float | None]:
         """What a version publishes, on the learner's device: the full weights, or a LoRA policy's adapter
@@ -478,6 +488,10 @@ class LearnerActor:
     def last_published_bytes(self) -> int:
         """The size of the version ``publish_weights`` put in the object store last (0 before the first)."""
         return self.published_bytes
+
+    def device_identity(self) -> DeviceIdentity:
+        """Where this learner's published tensors live: the sending end of a weight sync."""
+        return device_identity(self.device)
 
     def weight_group_address(self) -> tuple[str, int]:
         """Where this learner (rank 0) hosts a weight group: its node's address and a port free there."""
@@ -493,10 +507,40 @@ class LearnerActor:
         with self.backend.gathered():
             if self.backend.rank != 0:
                 return 0
-            tensors, lora_scale = self.published_tensors()
+            tensors, lora_scale = self.outgoing_tensors()
+            cast = getattr(torch, self.publish_dtype)  # a bucket at a time, as it is sent
+            return self.weight_group.send(tensors, self.version, lora_scale, bucket_bytes, cast).num_bytes
+
+    def share_weights(self) -> SharedWeights | None:
+        """Share the current weights in the samplers' dtype by CUDA IPC with the processes on this learner's GPU;
+        returns them on rank 0 (None elsewhere). Every learner of a group calls it (ZeRO-3 gathers the
+        parameters).
+
+        Rank 0 keeps the shared tensors, unchanged, until ``release_shared_weights``, which the trainer calls
+        once every receiver has loaded them (or failed to).
+
+        Raises:
+            ValueError: the weights are not on one CUDA device.
+        """
+        with self.backend.gathered():
+            if self.backend.rank != 0:
+                return None
+            tensors, lora_scale = self.outgoing_tensors()
             cast = getattr(torch, self.publish_dtype)
-            tensors = {name: t.detach().to(cast) if t.is_floating_point() else t for name, t in tensors.items()}
-            return self.weight_group.send(tensors, self.version, lora_scale, bucket_bytes).num_bytes
+            # ZeRO-3 frees gathered parameters when ``gathered`` ends: what is shared then needs its own copy.
+            copy = self.config.backend == "deepspeed" and self.config.zero_stage == 3
+            shared = {
+                name: t.detach().to(cast if t.is_floating_point() else t.dtype, copy=copy)
+                for name, t in tensors.items()
+            }
+            handles = share_cuda_tensors(shared)
+            self.shared_tensors = shared
+            num_bytes = sum(t.numel() * t.element_size() for t in shared.values())
+            return SharedWeights(handles, self.version, lora_scale, num_bytes)
+
+    def release_shared_weights(self) -> None:
+        """Let go of the tensors ``share_weights`` shared last (every receiver has loaded them)."""
+        self.shared_tensors = None
 
     @property
     def lora_scale(self) -> float:

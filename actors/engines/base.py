@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
+from agentgym_rl.actors.transport import DeviceIdentity, SharedWeights, device_identity, open_cuda_tensors
 from agentgym_rl.actors.weight_sync import GroupAddress, WeightGroup
 from agentgym_rl.actors.weights import WeightsPayload, unpack_state_dict
 from agentgym_rl.configs.errors import AgentGymError
@@ -102,15 +103,41 @@ class Engine(abc.ABC):
         the group has formed."""
         self.weight_group = WeightGroup(address, rank, self.weights_device)
 
+    def weight_group_identities(self, adapter: bool) -> list[DeviceIdentity]:
+        """Where each member this engine takes in a weight group holds its tensors, one per
+        ``weight_group_ranks``: what the trainer chooses the transport from."""
+        return [device_identity(self.weights_device)] * self.weight_group_ranks(adapter)
+
     def receive_weights(self) -> int:
         """Receive the next version broadcast in the group joined last; returns the bytes received."""
-        header, tensors = self.weight_group.receive()
-        self.load_tensors(tensors, header.version, header.lora_scale)
+        header = self.weight_group.receive_header()
+        buckets = self.weight_group.receive_buckets(header)
+        if header.lora_scale is None:
+            self.load_buckets(buckets, header.version)
+        else:  # an adapter is small and merged whole
+            self.load_tensors({name: t for bucket in buckets for name, t in bucket}, header.version, header.lora_scale)
         return header.num_bytes
+
+    def load_buckets(self, buckets: Iterable[list[tuple[str, torch.Tensor]]], version: int) -> None:
+        """Replace the full weights with ``buckets`` of (Hugging Face name, tensor), read as they arrive, and adopt
+        ``version``. This default gathers them for ``load_tensors``; an engine that can load a bucket before the
+        next arrives overrides it, so that no second copy of the whole model is held."""
+        self.load_tensors({name: t for bucket in buckets for name, t in bucket}, version, None)
+
+    def load_shared(self, shared: SharedWeights) -> int:
+        """Load a version shared by CUDA IPC from a process on this engine's GPU: its tensors are opened in place
+        and copied into the engine on the device (never through the host). Returns the bytes. The sender keeps
+        the tensors until this returns, so every copy from them has finished by then."""
+        tensors = open_cuda_tensors(shared.handles)
+        self.load_tensors(tensors, shared.version, shared.lora_scale)
+        del tensors
+        torch.cuda.synchronize()
+        return shared.num_bytes
 
     @property
     def weights_device(self) -> torch.device:
-        """Where received weights land first (the engine's device; the CPU under gloo)."""
+        """Where received weights land first (the engine's device); a weight group's buffers are there under
+        NCCL and on the CPU under gloo (``weight_sync.group_device``)."""
         return torch.device("cpu")
 
     def close(self) -> None:

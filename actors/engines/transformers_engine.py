@@ -11,7 +11,7 @@ batch layout with cached prefixes is drawn in ``decode.prefill_inputs``). The st
 from __future__ import annotations
 
 import functools
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 
 import torch
 from transformers import DynamicCache, PreTrainedTokenizerBase
@@ -156,11 +156,36 @@ class TransformersEngine(Engine):
         ``AdapterMerger``)."""
         if lora_scale is not None:
             self.merger.apply(tensors, lora_scale)
+            self._adopt(version)
         else:
-            # Views need the payload in the model's own dtype; otherwise load_state_dict copies and casts.
-            same_dtype = all(t.dtype == p.dtype for t, p in zip(tensors.values(), self.model.state_dict().values()))
-            self.model.load_state_dict(tensors, strict=True, assign=self.device.type == "cpu" and same_dtype)
-            self.merger = AdapterMerger(self.model)  # later adapters apply to these weights
+            self.load_buckets([list(tensors.items())], version)
+
+    def load_buckets(self, buckets: Iterable[list[tuple[str, torch.Tensor]]], version: int) -> None:
+        """Load full weights a bucket at a time, each as it arrives (copied into the parameters, or on CPU
+        adopted as they are).
+
+        Raises:
+            ValueError: a tensor this model lacks, or a weight of the model in no bucket (the model may then
+                hold a mix of versions; the next full load replaces every weight).
+        """
+        expected = self.model.state_dict()
+        loaded: set[str] = set()
+        for bucket in buckets:
+            tensors = dict(bucket)
+            unknown = sorted(tensors.keys() - expected.keys())
+            if unknown:
+                raise ValueError(f"weights {unknown[:5]} are not in {self.model_name}; load weights of that model")
+            # Views need the tensors in the model's own dtype; otherwise load_state_dict copies and casts.
+            same_dtype = all(t.dtype == expected[name].dtype for name, t in tensors.items())
+            self.model.load_state_dict(tensors, strict=False, assign=self.device.type == "cpu" and same_dtype)
+            loaded.update(tensors)
+        missing = sorted(expected.keys() - loaded)
+        if missing:
+            raise ValueError(f"the weights lack {missing[:5]} ({len(missing)} in all) of {self.model_name}")
+        self.merger = AdapterMerger(self.model)  # later adapters apply to these weights
+        self._adopt(version)
+
+    def _adopt(self, version: int) -> None:
         self.kv_cache.clear()  # cached keys/values were computed with the old weights
         self.weights_version = version
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import itertools
+import pickle
 import threading
 from collections.abc import AsyncIterator, Coroutine, Hashable
 from typing import Any
@@ -39,6 +40,7 @@ from agentgym_rl.actors.engines.sampling import SamplingParams
 from agentgym_rl.actors.engines.serving import ChoiceDelta, CompletionRequest, ServingEngine, choice_seed
 from agentgym_rl.actors.lora import AdapterMerger, read_checked_adapter
 from agentgym_rl.actors.models import load_model, model_dir
+from agentgym_rl.actors.transport import DeviceIdentity, SharedWeights
 from agentgym_rl.actors.weight_sync import GroupAddress, WeightGroup, free_address
 from agentgym_rl.actors.weights import WeightsPayload
 from agentgym_rl.configs.schema import SamplingConfig
@@ -311,6 +313,33 @@ class VLLMEngine(Engine):
     def weight_group_ranks(self, adapter: bool) -> int:
         """Full weights go straight into vLLM's workers, a member each; adapters come here to be merged."""
         return 1 if adapter else self.tensor_parallel_size
+
+    @property
+    def weights_device(self) -> torch.device:
+        """Where adapters sent to this process arrive: the GPU it reserved for vLLM's first worker (the CPU on
+        vLLM's CPU build). Full weights go to the workers, each on its own device."""
+        if self._vllm["on_cpu"] or not torch.cuda.is_available():
+            return torch.device("cpu")
+        return torch.device("cuda", torch.cuda.current_device())
+
+    def weight_group_identities(self, adapter: bool) -> list[DeviceIdentity]:
+        if adapter:
+            return super().weight_group_identities(adapter)
+        return [DeviceIdentity(*fields) for fields in self._run(self._llm.collective_rpc("weight_device_identity"))]
+
+    def load_shared(self, shared: SharedWeights) -> int:
+        """Adapters are opened here and merged as any adapter is; full weights are opened by vLLM's worker on
+        the same GPU and loaded in place, as a broadcast is (``WeightLoader.load_shared_weights``)."""
+        if shared.lora_scale is not None:
+            return super().load_shared(shared)
+        self._run(self._load_shared_in_workers(pickle.dumps(shared.handles)))
+        self.merger = None
+        self.weights_version = shared.version
+        return shared.num_bytes
+
+    async def _load_shared_in_workers(self, handles: bytes) -> None:
+        await self._llm.collective_rpc("load_shared_weights", args=(handles,))
+        await self._llm.reset_prefix_cache()  # cached prefixes hold keys/values of the old weights
 
     def join_weight_group(self, address: GroupAddress, rank: int, adapter: bool) -> None:
         self.workers_receive = not adapter

@@ -5,6 +5,12 @@ This module is imported inside vLLM's worker processes; it needs torch, vLLM and
 
 from __future__ import annotations
 
+import pickle
+from collections.abc import Iterable
+
+import torch
+
+from agentgym_rl.actors.transport import device_identity, open_cuda_tensors
 from agentgym_rl.actors.weight_sync import GroupAddress, WeightGroup
 
 
@@ -21,6 +27,11 @@ class WeightLoader:
     ``model.load_weights`` after start-up cannot reach them).
     """
 
+    def weight_device_identity(self) -> tuple[str, str]:
+        """This worker's ``DeviceIdentity`` fields (node, GPU UUID or ``cpu``)."""
+        identity = device_identity(self.device)
+        return identity.node, identity.device
+
     def join_weight_group(self, address: list, first_rank: int, name: str) -> None:
         """Join weight group ``name`` (``GroupAddress`` fields, as vLLM's transport passes them) as
         ``first_rank`` plus this worker's rank."""
@@ -34,15 +45,25 @@ class WeightLoader:
         vLLM's ``model.load_weights`` maps Hugging Face names onto its fused layers (e.g. q/k/v into one
         ``qkv_proj``), the same way it reads a checkpoint at start-up.
         """
+        group = self.weight_groups[name]
+        header = group.receive_header()
+        self._reload(group.receive_buckets(header))
+        return header.version, header.num_bytes
+
+    def load_shared_weights(self, handles: bytes) -> None:
+        """Load full weights shared by CUDA IPC from a process on this worker's GPU (``CudaIpcHandles``, pickled:
+        vLLM's RPC transport carries bytes), copying from them on the device."""
+        self._reload([list(open_cuda_tensors(pickle.loads(handles)).items())])
+        torch.cuda.synchronize()  # the sender frees its tensors once this returns
+
+    def _reload(self, buckets: Iterable[list[tuple[str, torch.Tensor]]]) -> None:
+        """Load ``buckets`` of Hugging Face-named tensors into the running model, one bucket at a time."""
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 
-        group = self.weight_groups[name]
-        header = group.receive_header()
         model = self.model_runner.get_model()
         with set_current_vllm_config(self.vllm_config):
             initialize_layerwise_reload(model)
-            for bucket in group.receive_buckets(header):
+            for bucket in buckets:
                 model.load_weights(weights=[(n, t.to(self.device)) for n, t in bucket])
             finalize_layerwise_reload(model, self.model_runner.model_config)
-        return header.version, header.num_bytes

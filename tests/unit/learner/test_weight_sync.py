@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 import torch
 
@@ -18,7 +19,9 @@ from agentgym_rl.actors.weight_sync import (
     WeightGroup,
     WeightGroupError,
     free_address,
+    group_device,
 )
+from agentgym_rl.actors.weights import pack_state_dict
 from agentgym_rl.configs.schema import SamplingConfig
 from tests.unit.actors.helpers import tiny_engine
 from tests.unit.actors.test_engine import ENGINES
@@ -82,6 +85,106 @@ def test_a_group_missing_a_member_fails_within_its_timeout_naming_the_group():
     group = address(2, timeout_s=2.0)
     with pytest.raises(WeightGroupError, match=rf"{group.port} \(2 members, rank 0\) did not form within 2 s"):
         WeightGroup(group, 0)
+
+
+def exchange(sent: dict[str, torch.Tensor], dtype: torch.dtype | None, bucket_bytes: int = 64) -> tuple:
+    """Send ``sent`` from rank 0 to rank 1 of a gloo group (cast to ``dtype``); returns rank 1's header and
+    buckets."""
+    group = address(2)
+    with ThreadPoolExecutor(1) as pool:
+        sender = pool.submit(lambda: WeightGroup(group, 0).send(sent, 2, None, bucket_bytes, dtype))
+        receiver = WeightGroup(group, 1)
+        header = receiver.receive_header()
+        buckets = list(receiver.receive_buckets(header))
+        assert sender.result(timeout=60) == header
+    return header, buckets
+
+
+def test_the_sender_casts_floating_tensors_a_bucket_at_a_time():
+    sent = {"w": torch.randn(4, 3), "ids": torch.arange(5), "b": torch.randn(2, dtype=torch.float64)}
+    header, buckets = exchange(sent, torch.bfloat16)
+    assert [spec.dtype for spec in header.tensors] == ["bfloat16", "int64", "bfloat16"]
+    received = {name: t for bucket in buckets for name, t in bucket}
+    assert torch.equal(received["w"], sent["w"].to(torch.bfloat16))
+    assert torch.equal(received["ids"], sent["ids"])
+    assert torch.equal(received["b"], sent["b"].to(torch.bfloat16))
+    assert sent["w"].dtype == torch.float32  # the caller's tensors are left as they were
+
+
+def test_receivers_view_each_bucket_and_copy_only_a_misaligned_tensor():
+    sent = {"a": torch.randn(4), "b": torch.randn(2), "odd": torch.ones(3, dtype=torch.bfloat16), "c": torch.randn(5)}
+    _, buckets = exchange(sent, None, bucket_bytes=1 << 20)
+    [bucket] = buckets
+    received = dict(bucket)
+    storage = {name: t.untyped_storage().data_ptr() for name, t in received.items()}
+    assert storage["a"] == storage["b"] == storage["odd"]  # views of the one buffer: no copy of the version
+    assert storage["c"] != storage["a"]  # c starts 6 bytes after a 4-byte-aligned offset: copied to align it
+    for name, tensor in sent.items():
+        assert torch.equal(received[name], tensor), name
+
+
+def test_nccl_buffers_are_on_the_members_gpu_and_gloo_buffers_on_the_cpu():
+    assert group_device("nccl", "cuda:1") == torch.device("cuda", 1)
+    assert group_device("nccl", torch.device("cuda")) == torch.device("cuda")
+    assert group_device("gloo", "cuda:0") == torch.device("cpu")
+    assert group_device("gloo", "cpu") == torch.device("cpu")
+    with pytest.raises(WeightGroupError, match="NCCL weight group needs its members' tensors on a GPU"):
+        group_device("nccl", "cpu")
+
+
+def test_an_nccl_group_refuses_a_member_whose_tensors_are_on_the_cpu():
+    # The vLLM engine's adapter path once joined with CPU tensors under NCCL; now the group says so at once.
+    host, port = free_address()
+    with pytest.raises(WeightGroupError, match="on cpu"):
+        WeightGroup(GroupAddress(host, port, 2, "nccl", 60.0), 1, "cpu")
+
+
+def test_a_broadcast_nobody_receives_fails_within_its_timeout_and_the_learner_goes_on():
+    learner = make_learner("sft", "learner.lr=2e-2")
+    group = address(2, timeout_s=2.0)
+    with ThreadPoolExecutor(1) as pool:
+        silent = pool.submit(WeightGroup, group, 1)  # joins, then never receives
+        learner.join_weight_group(group)
+        silent.result(timeout=60)
+    with pytest.raises(WeightGroupError, match="weight broadcast failed at rank 0"):
+        learner.broadcast_weights(1 << 16)
+    learner.update_batch(batch_of(seed=1))
+    assert learner.weights_payload().version == learner.version == 1
+
+
+def test_bf16_mixed_publishes_the_compute_copy_itself():
+    learner = make_learner("sft", "learner.precision=bf16-mixed", sampler_dtype="bfloat16")
+    learner.update_batch(batch_of(seed=1))
+    tensors, lora_scale = learner.outgoing_tensors()
+    assert lora_scale is None
+    compute = learner.compute_policy.state_dict()
+    master = learner.policy.state_dict()
+    for name, tensor in tensors.items():
+        assert tensor.data_ptr() == compute[name].data_ptr(), name  # no cast copy of the model
+        assert torch.equal(tensor, master[name].to(tensor.dtype)), name  # the master rounded, as a cast would
+    # the object store's payload is what casting the master gives, byte for byte
+    payload = learner.weights_payload()
+    cast = pack_state_dict(master, learner.version, dtype="bfloat16")
+    assert payload.dtypes == cast.dtypes
+    for name, array in cast.arrays.items():
+        assert np.array_equal(payload.arrays[name], array), name
+
+
+def test_an_engine_loads_full_weights_a_bucket_at_a_time(tokenizer):
+    engine = tiny_engine(tokenizer)
+    learner = make_learner("sft", "learner.lr=2e-2")
+    learner.update_batch(batch_of(seed=1))
+    state = learner.policy_state_dict()
+    names = list(state)
+    half = len(names) // 2
+    buckets = [[(n, state[n].clone()) for n in names[:half]], [(n, state[n].clone()) for n in names[half:]]]
+    engine.load_buckets(iter(buckets), version=5)
+    assert engine.weights_version == 5
+    assert_samples_as_learner(engine, learner)
+    with pytest.raises(ValueError, match=rf"lack \['{names[-1]}'\]"):
+        engine.load_buckets(iter([buckets[0], buckets[1][:-1]]), version=6)
+    with pytest.raises(ValueError, match="are not in tiny-random"):
+        engine.load_buckets(iter([[("nope.weight", torch.zeros(1))]]), version=6)
 
 
 @pytest.fixture(scope="module")
