@@ -8,7 +8,8 @@ is used. Tensors keep peft's names (``base_model.model.<module>.lora_A.weight``,
 ``scale = alpha / r``.
 
 Samplers and servers hold the base weights they loaded and, for each published version, set every adapted
-weight to ``base + scale * B @ A`` computed from that same base: versions never accumulate rounding.
+weight to ``base + scale * B @ A`` computed from that same base: versions never accumulate rounding. The bases
+stay in host memory, so a GPU holds each adapted weight once (merged) and nothing of it while its engine sleeps.
 """
 
 from __future__ import annotations
@@ -167,7 +168,11 @@ class AdapterMerger:
 
     The first :meth:`apply` keeps each adapted linear layer's weight tensor as that layer's base (never
     written) and gives the layer a new weight; every later version recomputes ``base + scale * B @ A``
-    (in float32, then cast to the model's dtype) from the same bases.
+    (in float32, then cast to the model's dtype) from the same bases, on the layer's device.
+
+    Bases live in host memory (a CPU model's own tensors; a GPU model's copied to pinned memory once): on a
+    GPU the device holds only the merged weights, each version copies the bases over one layer at a time,
+    and a model moved to the host (an engine asleep) leaves nothing of the adapters on the device.
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -180,14 +185,24 @@ class AdapterMerger:
                 layer = self.model.get_submodule(module_name)
             except AttributeError:
                 raise AdapterError(f"the adapter adapts {module_name!r}, which this model does not have") from None
-            base = self.bases.setdefault(module_name, layer.weight.detach())
-            delta = (b.to(base.device, torch.float32) @ a.to(base.device, torch.float32)) * scale
+            base = self.bases.get(module_name)
+            if base is None:
+                base = self.bases[module_name] = _on_host(layer.weight.detach())
+            device = layer.weight.device
+            delta = (b.to(device, torch.float32) @ a.to(device, torch.float32)) * scale
             if delta.shape != base.shape:
                 raise AdapterError(
                     f"adapter update of {module_name} has shape {tuple(delta.shape)}, the weight {tuple(base.shape)}"
                 )
-            merged = (base.float() + delta).to(base.dtype)
+            merged = (base.to(device, non_blocking=True).float() + delta).to(base.dtype)
             layer.weight = torch.nn.Parameter(merged, requires_grad=False)
+
+
+def _on_host(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` itself on the CPU, else a copy in pinned host memory (copied back at full bus speed)."""
+    if weight.device.type == "cpu":
+        return weight
+    return torch.empty_like(weight, device="cpu", pin_memory=True).copy_(weight)
 
 
 def load_policy(name: str, adapter: str | None, dtype: str = "float32") -> torch.nn.Module:

@@ -194,7 +194,8 @@ class TransformersEngine(Engine):
         return self.device
 
     def sleep(self) -> None:
-        """Drop the cached keys/values; on a GPU also move the weights to host memory."""
+        """Drop the cached keys/values; on a GPU also move the weights to host memory. The adapters' bases
+        live there already (see ``AdapterMerger``), so nothing of the model or its adapters stays on the GPU."""
         self.kv_cache.clear()
         if self.device.type == "cuda":
             self.model.to("cpu")
