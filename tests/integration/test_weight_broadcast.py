@@ -10,6 +10,7 @@ from agentgym_rl.driver.modes.sync import SyncTrainer
 from agentgym_rl.driver.run import prepare_run
 from tests.factories import RECIPE
 from tests.integration.test_cluster import TINY
+from tests.unit.learner.helpers import batch_of
 
 
 def test_a_broadcast_run_keeps_every_sampler_on_the_learners_version(ray_local, tmp_path):
@@ -40,3 +41,50 @@ def test_a_broadcast_run_keeps_every_sampler_on_the_learners_version(ray_local, 
     # each iteration's version went out whole: the bytes of the object store's copy of the same weights
     assert [record["sync/bytes"] for record in records] == [published.num_bytes] * 2
     assert trainer.weight_group_members is not None  # the group formed once and was not given up
+    assert trainer.transport == "gloo"  # chosen from the devices the ends hold: all CPUs
+
+
+def test_a_failed_sync_leaves_the_learner_alive_and_that_version_goes_through_the_object_store(ray_local, tmp_path):
+    settings = [
+        *TINY,
+        "sampler.count=2",
+        "sampler.envs_per_sampler=1",
+        "sampler.num_cpus=0.25",
+        "learner.num_cpus=0.5",
+        "trainer.weight_sync.method=broadcast",
+        "trainer.weight_sync.timeout_s=5",
+        f"run.dir={tmp_path}",
+        "run.name=broadcast-fails",
+    ]
+    config, run_dir = prepare_run(RECIPE, settings, None)
+    trainer = SyncTrainer(config, run_dir)
+    try:
+        trainer._start_actors()
+        trainer._sync_weights(0)
+        assert trainer.transport == "gloo" and trainer.weight_group_members is not None
+        survivor, lost = trainer.samplers
+
+        # A receiver dies with the group formed: the learner's broadcast fails, and the learner goes on.
+        ray.kill(lost)
+        ray.get(trainer.learner.update_batch.remote(batch_of(seed=1)))
+        trainer._sync_weights(1)
+        assert ray.get(trainer.learner.describe.remote())["device"] == "cpu"  # alive, and answering
+        published = ray.get(ray.get(trainer.learner.publish_weights.remote())[0])
+        assert published.version == 1
+        assert trainer.samplers == [survivor]
+        assert ray.get(survivor.state.remote())["weights_version"] == trainer.weights_version == 1
+        assert trainer.payload is not None and trainer.sync_bytes == published.num_bytes  # the object store's copy
+        assert trainer.weight_group_members is None  # formed again at the next sync
+
+        # A CUDA IPC sync that cannot share (these weights are on the CPU) takes the same way out.
+        ray.get(trainer.learner.update_batch.remote(batch_of(seed=2)))
+        trainer.weight_group_members, trainer.transport = [survivor], "cuda_ipc"
+        trainer._sync_weights(2)
+        assert ray.get(survivor.state.remote())["weights_version"] == trainer.weights_version == 2
+        assert trainer.weight_group_members is None
+
+        # The next sync forms a new group of the survivor and broadcasts again.
+        trainer._sync_weights(3)
+        assert trainer.transport == "gloo" and trainer.weight_group_members == [survivor]
+    finally:
+        trainer.stop_actors()
