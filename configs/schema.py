@@ -404,10 +404,11 @@ class WeightSyncConfig(Section):
         "auto",
         description="How each weights version reaches the samplers: `object_store` puts it in Ray's object store "
         "once and every sampler reads it (on CPUs the transformers engine then uses it in place, without a copy); "
-        "`broadcast` sends it from learner rank 0 over a process group of its own (NCCL between GPUs, gloo "
-        "otherwise) straight into the engines, vLLM's workers included; `auto` is `broadcast` when the learner "
-        "computes on a GPU, else `object_store`. The serving endpoint and samplers that join between syncs "
-        "always read the object store.",
+        "`broadcast` sends it from learner rank 0 straight into the engines, vLLM's workers included, by the way "
+        "the devices of both ends call for: CUDA IPC when every engine is on the learner's GPU, NCCL when every "
+        "end has a GPU of its own, gloo otherwise; `auto` is `broadcast` when the learner computes on a GPU, "
+        "else `object_store`. The serving endpoint and samplers that join between syncs always read the object "
+        "store.",
     )
     bucket_mb: float = Field(
         256.0, gt=0, description="`broadcast`: tensors are packed into buffers of about this size, one broadcast each."
@@ -415,8 +416,9 @@ class WeightSyncConfig(Section):
     timeout_s: float = Field(
         300.0,
         gt=0,
-        description="`broadcast`: how long a weight group may take to form, and one broadcast to arrive, before "
-        "the sync fails (and falls back to the object store).",
+        description="`broadcast`: how long a weight group may take to form, one broadcast to arrive, or one "
+        "engine to load a version shared by CUDA IPC, before the sync fails (and that version goes through the "
+        "object store).",
     )
 
 
