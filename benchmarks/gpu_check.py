@@ -142,7 +142,8 @@ LORA = {"enabled": True, "r": 16, "alpha": 32, "target_modules": "all-linear"}
 
 def import_project() -> str:
     """Make ``agentgym_rl`` importable: the installed package, or the repository's folders mapped into the
-    namespace (a bare GPU machine has the working tree but no installed project). Returns which."""
+    namespace (a bare GPU machine has the working tree but no installed project; the mapping also goes on
+    ``PYTHONPATH``, for the processes the check starts). Returns which."""
     if importlib.util.find_spec("agentgym_rl") is not None:
         return "installed"
     root = Path(tempfile.mkdtemp(prefix="gpu-check-ns-"))
@@ -150,6 +151,7 @@ def import_project() -> str:
     for name in PACKAGE_FOLDERS:
         (root / "agentgym_rl" / name).symlink_to(REPO / name)
     sys.path.insert(0, str(root))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
     return "repository folders"
 
 
@@ -741,6 +743,81 @@ def transport_section(run: Run) -> dict:
     return out
 
 
+def colocated_section(run: Run, tokenizer: Path | None, iterations: int) -> dict:
+    """``agentgym-rl train`` itself, colocated on this device: Ray, the torch learner and the transformers engine
+    sharing one GPU, a random-weight model of Qwen2.5-0.5B's layers with ``tokenizer``'s vocabulary (a chat
+    model's tokenizer, for the env's prompts), ``iterations`` iterations of the target-word env. The run's
+    metrics and log are copied beside the JSON file."""
+    if importlib.util.find_spec("ray") is None:
+        return {"skipped": "needs Ray"}
+    from transformers import AutoTokenizer
+
+    from agentgym_rl.actors.models import model_dir
+
+    source = tokenizer or model_dir("tiny-random")
+    vocabulary = len(AutoTokenizer.from_pretrained(source, local_files_only=True))
+    kind, fields = SHAPES[run.shape("qwen2.5-0.5b")]
+    SHAPES["colocated"] = (kind, {**fields, "vocab_size": vocabulary})
+    model = Path(build_model("colocated", run.work / "colocated", run.device))
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"):
+        if (Path(source) / name).exists():
+            (model / name).write_bytes((Path(source) / name).read_bytes())
+    runs = run.work / "runs"
+    settings = [
+        f"model.name={model}",
+        "model.adapter=null",
+        "env.name=target-word",
+        "env.options={}",
+        "curriculum.schedule=fixed",
+        "curriculum.horizon=2",
+        "trainer.placement=colocated",
+        f"trainer.iterations={iterations}",
+        "trainer.tasks_per_iteration=4",
+        f"trainer.checkpoint_every={iterations}",
+        "algorithm.group_size=4",
+        "algorithm.skip_uniform_groups=false",
+        "learner.lora.enabled=false",
+        "learner.micro_batch_size=4",
+        "learner.lr=1e-6",
+        "sampler.envs_per_sampler=16",
+        "sampler.max_batch_size=16",
+        "sampler.sampling.max_new_tokens=32",
+        "sampler.num_cpus=1",
+        "learner.num_cpus=1",
+        "logging.progress=false",
+        "warm_start.iterations=0",
+        f"run.dir={runs}",
+        "run.name=colocated",
+        "ray.num_cpus=8",
+    ]
+    if run.device.type == "cuda":
+        settings += ["learner.num_gpus=1", "learner.device=cuda"]
+    command = [sys.executable, "-m", "agentgym_rl.driver.cli", "train", str(REPO / "configs" / "quickstart.yaml")]
+    command += [arg for setting in settings for arg in ("--set", setting)]
+    log = run.check.out.parent / "colocated_log.jsonl"
+    started = time.perf_counter()
+    with log.open("w") as sink:
+        result = subprocess.run(
+            command,
+            cwd=REPO,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            timeout=run.check.left_s() - 5,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            check=False,
+        )
+    out = {"returncode": result.returncode, "wall_s": round(time.perf_counter() - started, 1), "settings": settings}
+    metrics = runs / "colocated" / "metrics.jsonl"
+    if metrics.exists():
+        (run.check.out.parent / "colocated_metrics.jsonl").write_bytes(metrics.read_bytes())
+        records = [json.loads(line) for line in metrics.read_text().splitlines()]
+        out["iterations"] = len(records)
+        out["weights_versions"] = [r.get("weights_version") for r in records]
+        out["last"] = {k: v for k, v in records[-1].items() if k.startswith(("time/", "learner/", "memory"))}
+    out["log_tail"] = log.read_text()[-2000:]
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="auto", help="cuda, cpu or auto (the GPU when one is visible)")
@@ -753,6 +830,19 @@ def main() -> None:
         help="the JSON file (default: $OUT/gpu_check.json where OUT is set, else ./gpu_check.json)",
     )
     parser.add_argument("--peak-tflops", type=float, default=None, help="the card's dense bf16 peak, for MFU")
+    parser.add_argument(
+        "--colocated-run",
+        type=int,
+        default=0,
+        metavar="ITERATIONS",
+        help="last, run `agentgym-rl train` colocated on the device for this many iterations (needs Ray)",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=None,
+        help="a chat tokenizer's folder for --colocated-run (default: the built-in tiny-random's)",
+    )
     args = parser.parse_args()
     device = torch.device(
         "cuda"
@@ -784,9 +874,11 @@ def main() -> None:
         ("logprobs", logprobs_section),
         ("publish", publish_section),
         ("transport", transport_section),
+        ("colocated_run", lambda run: colocated_section(run, args.tokenizer, args.colocated_run)),
         ("learner_7b", learner_7b_section),
     ):
-        check.section(name, lambda section=section: section(run))
+        if name != "colocated_run" or args.colocated_run:
+            check.section(name, lambda section=section: section(run))
     check.results["finished"] = True
     check.write()
     print(json.dumps({k: check.results[k] for k in ("errors", "seconds", "finished")}, default=str), flush=True)
