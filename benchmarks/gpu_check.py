@@ -22,7 +22,9 @@ Sections, each written to ``--out`` as it finishes (a section that fails records
 - ``logprobs``: the engine's sampled log-probabilities against the learner's for the same tokens;
 - ``publish``: publishing full weights and a LoRA adapter (seconds, bytes), loading them into the engine, the
   engine's memory awake, asleep and awake again;
-- ``transport``: the transport chosen for two ends on one device, and CUDA IPC between two processes.
+- ``transport``: the transport chosen for two ends on one device, and CUDA IPC between two processes;
+- ``colocated_run`` (with ``--colocated-run N``; needs Ray): ``agentgym-rl train`` colocated on the device for N
+  iterations, its metrics and log written beside the JSON file.
 
 MFU counts the model's FLOPs of forward and backward, 6 x parameters (less the input embedding) per token plus
 causal attention (6 x layers x sequence x hidden per token), against the card's dense bf16 peak (``--peak-tflops``
@@ -750,6 +752,8 @@ def colocated_section(run: Run, tokenizer: Path | None, iterations: int) -> dict
     metrics and log are copied beside the JSON file."""
     if importlib.util.find_spec("ray") is None:
         return {"skipped": "needs Ray"}
+    run.shared.clear()  # the engine sections' model: the run gets the whole device
+    release_memory()
     from transformers import AutoTokenizer
 
     from agentgym_rl.actors.models import model_dir
@@ -831,6 +835,11 @@ def main() -> None:
     )
     parser.add_argument("--peak-tflops", type=float, default=None, help="the card's dense bf16 peak, for MFU")
     parser.add_argument(
+        "--sections",
+        default=None,
+        help="comma-separated sections to run (default: all; logprobs and publish need engine)",
+    )
+    parser.add_argument(
         "--colocated-run",
         type=int,
         default=0,
@@ -877,7 +886,8 @@ def main() -> None:
         ("colocated_run", lambda run: colocated_section(run, args.tokenizer, args.colocated_run)),
         ("learner_7b", learner_7b_section),
     ):
-        if name != "colocated_run" or args.colocated_run:
+        chosen = args.sections is None or name in args.sections.split(",")
+        if chosen and (name != "colocated_run" or args.colocated_run):
             check.section(name, lambda section=section: section(run))
     check.results["finished"] = True
     check.write()
