@@ -97,7 +97,8 @@ class SamplerActor:
             seed=seed + index,
             stop_token_ids=stop_ids,
             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
-            max_cached_tokens=sampler.kv_cache_tokens,
+            max_cached_tokens=sampler.episode_cache_tokens,
+            fit_cache_to_memory=sampler.kv_cache_tokens is None,
             adapter=model.adapter,
             vllm=sampler.vllm,
         )

@@ -120,12 +120,15 @@ class SamplerConfig(Section):
         "supports it, a CPU with AMX, or a CPU with AVX512-BF16 where a matmul probe finds bfloat16 at least 1.25x "
         "faster than float32 (0.55x on one of this project's machines, 4.4x on another); else float32.",
     )
-    kv_cache_tokens: int = Field(
-        32768,
+    kv_cache_tokens: int | None = Field(
+        None,
         ge=0,
         description="`transformers` engine: token positions of keys/values kept between the turns of running "
         "episodes (all of them together; least recently used evicted), so a turn prefills only its new ids; "
-        "0 re-prefills every turn. vLLM manages its own prefix cache.",
+        "0 re-prefills every turn. None: room for every concurrent episode's whole context (the most env actors "
+        "a sampler has x `max_context_tokens`), on a GPU at most what half the memory free after the model loads "
+        "holds (a decode batch copies the keys/values it reuses); a number is used as given. vLLM manages its own "
+        "prefix cache.",
     )
     policy: Literal["model", "oracle"] = Field(
         "model",
@@ -196,6 +199,14 @@ class SamplerConfig(Section):
         "that has not started by then is removed and the pool stays smaller.",
     )
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings (`engine: vllm`).")
+
+    @property
+    def episode_cache_tokens(self) -> int:
+        """Key/value positions the engine keeps between turns: ``kv_cache_tokens``, or when it is unset every
+        concurrent episode's whole context."""
+        if self.kv_cache_tokens is not None:
+            return self.kv_cache_tokens
+        return (self.max_envs_per_sampler or self.envs_per_sampler) * self.max_context_tokens
 
     @model_validator(mode="after")
     def _pool_bounds(self) -> SamplerConfig:

@@ -29,6 +29,7 @@ def make_engine(
     max_cached_tokens: int = 0,
     adapter: str | None = None,
     vllm: VLLMConfig | None = None,
+    fit_cache_to_memory: bool = False,
 ) -> Engine:
     """Create the engine ``name`` (one of ``ENGINES``).
 
@@ -43,6 +44,8 @@ def make_engine(
             vLLM keeps its own prefix cache.
         adapter: a LoRA adapter directory (base ``model_name``) applied before the first generation.
         vllm: the vLLM engine's settings (parallelism, memory share, longest sequence); None: the defaults.
+        fit_cache_to_memory: transformers engine on a GPU: keep at most the key/value positions that half the
+            memory free after the model loads holds.
 
     Raises:
         ValueError: ``name`` is not a known engine.
@@ -60,6 +63,7 @@ def make_engine(
             pad_token_id=pad_token_id,
             max_cached_tokens=max_cached_tokens,
             adapter=adapter,
+            fit_cache_to_memory=fit_cache_to_memory,
         )
     if name == "vllm":
         from agentgym_rl.actors.engines.vllm_engine import VLLMEngine

@@ -16,6 +16,15 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 
 import torch
+from transformers import PretrainedConfig
+
+
+def kv_bytes_per_token(config: PretrainedConfig, dtype: torch.dtype) -> int:
+    """Bytes of keys and values one token position takes over all layers of a model with ``config``:
+    layers x 2 (keys, values) x key/value heads x head dimension x ``dtype``'s size."""
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return config.num_hidden_layers * 2 * heads * head_dim * dtype.itemsize
 
 
 @dataclass

@@ -13,17 +13,20 @@ from __future__ import annotations
 import functools
 from collections.abc import Hashable, Iterable
 
+import structlog
 import torch
 from transformers import DynamicCache, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
 
 from agentgym_rl.actors.engines.base import Engine, Generation
 from agentgym_rl.actors.engines.decode import DecodeBatch, Row
-from agentgym_rl.actors.engines.kv_cache import CachedPrefix, EpisodeKVCache
+from agentgym_rl.actors.engines.kv_cache import CachedPrefix, EpisodeKVCache, kv_bytes_per_token
 from agentgym_rl.actors.engines.sampling import SamplingParams, StopStrings
 from agentgym_rl.actors.lora import AdapterMerger, read_checked_adapter
 from agentgym_rl.actors.models import load_model, load_tokenizer
 from agentgym_rl.configs.schema import SamplingConfig
+
+log = structlog.get_logger()
 
 
 class TransformersEngine(Engine):
@@ -38,6 +41,8 @@ class TransformersEngine(Engine):
         max_cached_tokens: token positions of per-episode keys/values kept between turns (all episodes
             together); 0 re-prefills every prompt. Models with sliding-window layers never reuse.
         adapter: a LoRA adapter directory whose base is ``model_name``, applied at start.
+        fit_cache_to_memory: on a GPU keep at most the positions that half the memory free after the model
+            loads holds (``max_cached_tokens`` is then a bound, not a promise).
     """
 
     def __init__(
@@ -50,6 +55,7 @@ class TransformersEngine(Engine):
         pad_token_id: int,
         max_cached_tokens: int = 0,
         adapter: str | None = None,
+        fit_cache_to_memory: bool = False,
     ) -> None:
         self.model_name = model_name
         self.model = load_model(model_name, dtype)
@@ -66,8 +72,19 @@ class TransformersEngine(Engine):
         self.weights_version = 0
         # Cached keys of a sliding-window layer would need the window re-applied per row; such models re-prefill.
         full_attention = all(type(layer) is DynamicLayer for layer in DynamicCache(config=self.model.config).layers)
-        self.kv_cache = EpisodeKVCache(max_cached_tokens if full_attention else 0)
+        budget = max_cached_tokens if full_attention else 0
+        if fit_cache_to_memory and self.device.type == "cuda":
+            budget = min(budget, self._tokens_in_free_memory(asked=budget))
+        self.kv_cache = EpisodeKVCache(budget)
         self.counters = {"prefill_tokens": 0, "reused_tokens": 0}
+
+    def _tokens_in_free_memory(self, asked: int) -> int:
+        """Key/value positions that half the GPU memory free now holds: a decode batch copies the positions
+        it reuses into its own cache, so the other half is for it (and its activations)."""
+        free, _ = torch.cuda.mem_get_info(self.device)
+        fit = free // 2 // kv_bytes_per_token(self.model.config, self.model.dtype)
+        log.info("key/value cache sized by free GPU memory", asked=asked, fits=fit, free_gib=round(free / 2**30, 1))
+        return fit
 
     @property
     def stats(self) -> dict[str, int]:
