@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from agentgym_rl.actors.models import TINY_RANDOM, load_tokenizer
+from agentgym_rl.actors.transport import choose_transport
 from agentgym_rl.actors.weight_sync import (
     GroupAddress,
     Header,
@@ -215,7 +216,9 @@ def assert_samples_as_learner(engine, learner) -> torch.Tensor:
 
 def broadcast(learner, engine, adapter: bool) -> int:
     """One version from ``learner`` (rank 0) into ``engine`` over a fresh gloo group; returns the bytes."""
-    group = address(1 + engine.weight_group_ranks(adapter))
+    identities = engine.weight_group_identities(adapter)  # one per member the engine takes (vLLM: per worker)
+    assert choose_transport(learner.device_identity(), identities) == "gloo"  # every end is on the CPU
+    group = address(1 + len(identities))
     with ThreadPoolExecutor(1) as pool:
         joined = pool.submit(learner.join_weight_group, group)
         engine.join_weight_group(group, 1, adapter)
