@@ -3,6 +3,7 @@ the CPU): every sampler holds the learner's version after each iteration, and th
 samplers outside the group still read the object store."""
 
 import json
+from pathlib import Path
 
 import ray
 
@@ -13,21 +14,24 @@ from tests.integration.test_cluster import TINY
 from tests.unit.learner.helpers import batch_of
 
 
-def test_a_broadcast_run_keeps_every_sampler_on_the_learners_version(ray_local, tmp_path):
-    settings = [
+def broadcast_trainer(runs: Path, *settings: str) -> SyncTrainer:
+    """A tiny run with two samplers whose weights go by broadcast, with ``settings`` on top."""
+    base = [
         *TINY,
         "sampler.count=2",
         "sampler.envs_per_sampler=1",
         "sampler.num_cpus=0.25",
         "learner.num_cpus=0.5",
-        "trainer.iterations=2",
         "trainer.weight_sync.method=broadcast",
-        "trainer.weight_sync.bucket_mb=0.5",
-        f"run.dir={tmp_path}",
-        "run.name=broadcast",
+        f"run.dir={runs}",
     ]
-    config, run_dir = prepare_run(RECIPE, settings, None)
-    trainer = SyncTrainer(config, run_dir)
+    config, run = prepare_run(RECIPE, [*base, *settings], None)
+    return SyncTrainer(config, run)
+
+
+def test_a_broadcast_run_keeps_every_sampler_on_the_learners_version(ray_local, tmp_path):
+    trainer = broadcast_trainer(tmp_path, "trainer.iterations=2", "trainer.weight_sync.bucket_mb=0.5")
+    run_dir = trainer.run_dir
     try:
         trainer.run()
         states = ray.get([sampler.state.remote() for sampler in trainer.samplers])
@@ -45,19 +49,7 @@ def test_a_broadcast_run_keeps_every_sampler_on_the_learners_version(ray_local, 
 
 
 def test_a_failed_sync_leaves_the_learner_alive_and_that_version_goes_through_the_object_store(ray_local, tmp_path):
-    settings = [
-        *TINY,
-        "sampler.count=2",
-        "sampler.envs_per_sampler=1",
-        "sampler.num_cpus=0.25",
-        "learner.num_cpus=0.5",
-        "trainer.weight_sync.method=broadcast",
-        "trainer.weight_sync.timeout_s=5",
-        f"run.dir={tmp_path}",
-        "run.name=broadcast-fails",
-    ]
-    config, run_dir = prepare_run(RECIPE, settings, None)
-    trainer = SyncTrainer(config, run_dir)
+    trainer = broadcast_trainer(tmp_path, "trainer.weight_sync.timeout_s=5")
     try:
         trainer._start_actors()
         trainer._sync_weights(0)
