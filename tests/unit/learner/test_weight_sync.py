@@ -4,6 +4,7 @@ the object-store path."""
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -250,3 +251,35 @@ def test_broadcast_and_object_store_both_sample_the_learners_distribution(kind, 
         assert not torch.allclose(by_store[:3], by_broadcast[:3], atol=1e-3)
     finally:
         engine.close()
+
+
+def _engine_loads_shared(shared, results) -> None:
+    """In a second process on the GPU: a bfloat16 transformers engine loads ``shared``; puts its weights."""
+    from agentgym_rl.actors.engines.transformers_engine import TransformersEngine
+
+    engine = TransformersEngine(model_name=TINY_RANDOM, dtype="bfloat16", seed=0, stop_token_ids=[0], pad_token_id=0)
+    received = engine.load_shared(shared)
+    results.put((received, engine.weights_version, {n: t.cpu() for n, t in engine.model.state_dict().items()}))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_an_engine_on_the_learners_gpu_loads_its_bf16_weights_by_cuda_ipc():
+    learner = make_learner(
+        "sft", "learner.device=cuda", "learner.precision=bf16-mixed", "learner.lr=2e-2", sampler_dtype="bfloat16"
+    )
+    learner.update_batch(batch_of(seed=1))
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    shared = learner.share_weights()
+    try:
+        receiver = context.Process(target=_engine_loads_shared, args=(shared, results))
+        receiver.start()
+        received, version, weights = results.get(timeout=300)
+        receiver.join(timeout=60)
+    finally:
+        learner.release_shared_weights()
+    assert (received, version) == (shared.num_bytes, learner.version)
+    sent, _ = learner.outgoing_tensors()
+    for name, tensor in sent.items():
+        assert torch.equal(weights[name], tensor.cpu()), name
