@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import time
@@ -36,8 +37,11 @@ from agentgym_rl.learner.backends import DeepSpeedBackend, TorchBackend
 from agentgym_rl.learner.batching import collate, pack, plan_rows, select_rows, unpack_targets
 from agentgym_rl.learner.forward import ValueModel, masked_token_outputs
 from agentgym_rl.learner.lora import (
+    TRAINED_ADAPTER,
     adapter_state_dict,
+    add_reference_adapter,
     apply_lora,
+    as_reference,
     check_adapter_matches,
     is_lora,
     load_adapter_state_dict,
@@ -125,10 +129,11 @@ class LearnerActor:
         self.precision = resolve_precision(learner.precision, self.device)
         compute_dtype = "bfloat16" if self.precision == "bf16-mixed" else "float32"
         self.publish_dtype = resolve_dtype(sampler_dtype)
-        # The weights of record stay float32; under bf16-mixed a bfloat16 copy (or DeepSpeed's) computes.
-        # A LoRA run trains an adapter over the exact base; a full run starts from the base with any adapter merged.
+        # The trained weights of record stay float32; under bf16-mixed a bfloat16 copy (or DeepSpeed's) computes.
+        # A LoRA run trains a float32 adapter over the exact base, which it loads in the compute dtype (no float32
+        # copy of a frozen base); a full run starts from the base with any adapter merged.
         self.policy = (
-            load_model(model.name, "float32") if learner.lora.enabled else load_policy(model.name, model.adapter)
+            load_model(model.name, compute_dtype) if learner.lora.enabled else load_policy(model.name, model.adapter)
         )
         if learner.gradient_checkpointing:
             # transformers 5 renamed the switch; older releases only have the first name.
@@ -143,9 +148,13 @@ class LearnerActor:
                 saved = read_checked_adapter(model.adapter, model.name)
                 check_adapter_matches(saved, learner.lora, model.adapter)
                 load_adapter_state_dict(self.policy, saved.tensors)
+                if self.algorithm.needs_reference:  # the reference: the starting adapter, frozen beside it
+                    add_reference_adapter(self.policy, learner.lora, saved.tensors)
         self.policy.to(self.device).train()
+        # A full run's reference is a model of its own; a LoRA run's is its policy with the starting adapter (or
+        # none) in place of the trained one (``_as_reference``), so the base weights are held once.
         self.reference = None
-        if self.algorithm.needs_reference:
+        if self.algorithm.needs_reference and not learner.lora.enabled:
             reference = load_policy(model.name, model.adapter, compute_dtype)
             self.reference = reference.requires_grad_(False).to(self.device)
         self.critic = None
@@ -211,8 +220,26 @@ class LearnerActor:
             "device": str(self.device),
             "old_logprobs": self.old_logprobs_source,
             "reference_model": self.reference is not None,
+            "reference": self.reference_source,
             "critic": self.critic is not None,
         }
+
+    @property
+    def reference_source(self) -> str | None:
+        """What scores ``ref_logprobs``: ``model`` (a frozen model of its own), ``base`` (a LoRA policy with its
+        adapter disabled), ``starting adapter`` (a LoRA policy with the run's starting adapter in place of the
+        trained one), or None (the algorithm needs no reference)."""
+        if not self.algorithm.needs_reference:
+            return None
+        if self.reference is not None:
+            return "model"
+        return "starting adapter" if self.model_config.adapter is not None else "base"
+
+    def _as_reference(self) -> contextlib.AbstractContextManager[torch.nn.Module]:
+        """A context that gives the frozen reference (see ``reference_source``)."""
+        if self.reference is not None:
+            return contextlib.nullcontext(self.reference)
+        return as_reference(self.compute_policy)
 
     # ----------------------------------------------------------------------------- forward passes
 
@@ -384,8 +411,9 @@ class LearnerActor:
             # Scored by the learner's own weights before any step (the data was sampled by these
             # weights in sync mode); this keeps the ratio exact at any temperature.
             batch[OLD_LOGPROBS] = self._score(batch, self._policy_call(self.compute_policy, False), LOGPROBS)
-        if self.reference is not None:
-            batch[REF_LOGPROBS] = self._score(batch, self._policy_call(self.reference, False), LOGPROBS)
+        if self.algorithm.needs_reference:
+            with self._as_reference() as reference:
+                batch[REF_LOGPROBS] = self._score(batch, self._policy_call(reference, False), LOGPROBS)
         if self.critic is not None:
             batch[OLD_VALUES] = self._score(batch, self._critic_call, VALUES)
         self.compute_policy.train()
@@ -560,7 +588,10 @@ class LearnerActor:
         with self.backend.gathered():
             if self.backend.rank != 0:
                 return
-            self.policy.save_pretrained(folder / POLICY_DIR)
+            if is_lora(self.policy):  # the trained adapter alone, not a reference adapter beside it
+                self.policy.save_pretrained(folder / POLICY_DIR, selected_adapters=[TRAINED_ADAPTER])
+            else:
+                self.policy.save_pretrained(folder / POLICY_DIR)
         if is_lora(self.policy):
             write_base_model(folder / POLICY_DIR, self.model_config.name)
         self.tokenizer.save_pretrained(folder / POLICY_DIR)

@@ -1,28 +1,72 @@
-"""LoRA adapters (via ``peft``) on the policy, and the merged weights samplers and checkpoints need."""
+"""LoRA adapters (via ``peft``) on the policy, the reference that shares its base weights, and the merged
+weights samplers and checkpoints need."""
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 import torch
 
 from agentgym_rl.actors.lora import Adapter, AdapterError
 from agentgym_rl.configs.schema import LoraConfig
 
+# peft's name for the adapter ``get_peft_model`` adds: the one a run trains, saves and publishes.
+TRAINED_ADAPTER = "default"
+# The run's starting adapter, kept frozen beside the trained one when the algorithm needs a reference.
+REFERENCE_ADAPTER = "reference"
+
+
+def _peft_config(config: LoraConfig, *, inference_mode: bool = False):
+    from peft import LoraConfig as PeftLoraConfig
+
+    return PeftLoraConfig(
+        r=config.r,
+        lora_alpha=config.alpha,
+        lora_dropout=config.dropout,
+        target_modules=config.target_modules,
+        task_type="CAUSAL_LM",
+        inference_mode=inference_mode,
+    )
+
 
 def apply_lora(model: torch.nn.Module, config: LoraConfig) -> torch.nn.Module:
-    """Wrap ``model`` so that only LoRA adapters on ``config.target_modules`` train."""
-    from peft import LoraConfig as PeftLoraConfig
+    """Wrap ``model`` so that only LoRA adapters on ``config.target_modules`` train. Under a bfloat16 ``model``
+    the adapters are float32 (peft's default), so the frozen base needs no float32 copy."""
     from peft import get_peft_model
 
-    return get_peft_model(
-        model,
-        PeftLoraConfig(
-            r=config.r,
-            lora_alpha=config.alpha,
-            lora_dropout=config.dropout,
-            target_modules=config.target_modules,
-            task_type="CAUSAL_LM",
-        ),
-    )
+    return get_peft_model(model, _peft_config(config))
+
+
+def add_reference_adapter(model: torch.nn.Module, config: LoraConfig, tensors: dict[str, torch.Tensor]) -> None:
+    """Load ``tensors`` (a saved adapter under peft's names, already checked against ``model``'s trained adapter)
+    into ``model`` as the frozen :data:`REFERENCE_ADAPTER`; the trained adapter stays the active one."""
+    from peft import set_peft_model_state_dict
+
+    model.add_adapter(REFERENCE_ADAPTER, _peft_config(config, inference_mode=True))
+    set_peft_model_state_dict(model, tensors, adapter_name=REFERENCE_ADAPTER)
+    for name, param in model.named_parameters():
+        if f".{REFERENCE_ADAPTER}." in name:
+            param.requires_grad_(False)
+
+
+@contextlib.contextmanager
+def as_reference(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """``model`` (a LoRA policy) computing as the run's reference inside the context: its base weights with the
+    :data:`REFERENCE_ADAPTER` in place of the trained one, or with no adapter when it has none (a run that
+    started from the base). The reference holds no weights of its own beyond that adapter; use it under
+    ``torch.no_grad``.
+    """
+    if REFERENCE_ADAPTER not in model.peft_config:
+        with model.disable_adapter():
+            yield model
+        return
+    model.set_adapter(REFERENCE_ADAPTER)
+    try:
+        yield model
+    finally:
+        # set_adapter also gives requires_grad back to the trained adapter and takes it from the reference
+        model.set_adapter(TRAINED_ADAPTER)
 
 
 def check_adapter_matches(saved: Adapter, config: LoraConfig, where: str) -> None:
@@ -54,7 +98,9 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         if isinstance(module, LoraLayer):
             for adapter in module.active_adapters:
                 key = f"{name}.weight"
-                merged[key] = merged[key] + module.get_delta_weight(adapter).detach().to(merged[key].dtype)
+                # in float32, then the base's dtype, as samplers merge (actors.lora.AdapterMerger)
+                delta = module.get_delta_weight(adapter).detach().float()
+                merged[key] = (merged[key].float() + delta).to(merged[key].dtype)
     return merged
 
 

@@ -36,17 +36,24 @@ class BFloat16Compute:
     """A bfloat16 copy of ``master`` for forward and backward.
 
     Only parameters are cast; buffers (e.g. rotary frequencies) keep their dtype, as when a model is
-    loaded in bfloat16.
+    loaded in bfloat16. A frozen parameter that is bfloat16 already (a LoRA run's base) is shared with
+    ``master``, not copied.
 
     Args:
-        master: float32 modules whose trainable parameters the optimizer updates.
+        master: modules whose trainable (float32) parameters the optimizer updates.
     """
 
     def __init__(self, master: torch.nn.Module) -> None:
         self.master = master
-        self.module = copy.deepcopy(master)
-        for param in self.module.parameters():
-            param.data = param.data.to(torch.bfloat16)
+        # Each parameter's copy is made in bfloat16 directly: a deepcopy of the float32 modules, cast after,
+        # would hold a second float32 model on the device for a moment.
+        replacements = {
+            id(param): param
+            if param.dtype == torch.bfloat16 and not param.requires_grad
+            else torch.nn.Parameter(param.detach().to(torch.bfloat16), requires_grad=param.requires_grad)
+            for param in master.parameters()
+        }
+        self.module = copy.deepcopy(master, memo=replacements)
         self.pairs = [
             (low, high)
             for low, high in zip(self.module.parameters(), master.parameters(), strict=True)
@@ -68,4 +75,5 @@ class BFloat16Compute:
     def copy_weights(self) -> None:
         """Round every master parameter into the copy (after an optimizer step or a load)."""
         for low, high in zip(self.module.parameters(), self.master.parameters(), strict=True):
-            low.copy_(high)
+            if low is not high:
+                low.copy_(high)

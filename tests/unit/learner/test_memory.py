@@ -1,12 +1,16 @@
-"""What the learner holds: no gradients between updates, no entropy graph the loss does not read."""
+"""What the learner holds: no float32 copy made for its bfloat16 one, no gradients between updates, no entropy
+graph the loss does not read."""
 
 import contextlib
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from agentgym_rl.actors.models import load_model
 from agentgym_rl.learner.forward import masked_token_outputs
+from agentgym_rl.learner.precision import BFloat16Compute
 from tests.unit.learner.helpers import batch_of
 from tests.unit.learner.test_learner import LORA, make_learner
 
@@ -26,6 +30,36 @@ def saved_shapes():
 
 def vocabulary_wide(shapes: list[torch.Size], vocab: int) -> list[torch.Size]:
     return [shape for shape in shapes if len(shape) > 0 and shape[-1] == vocab]
+
+
+class Allocations(TorchDispatchMode):
+    """Bytes of every new tensor that an op makes inside the context (views and in-place results are not new),
+    by dtype."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes: dict[torch.dtype, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        schema = func._schema
+        if not schema.is_mutable and not any(value.alias_info for value in schema.returns):
+            for tensor in tree_leaves(out):
+                if isinstance(tensor, torch.Tensor):
+                    size = tensor.numel() * tensor.element_size()
+                    self.bytes[tensor.dtype] = self.bytes.get(tensor.dtype, 0) + size
+        return out
+
+
+def test_the_bfloat16_copy_is_made_without_a_float32_copy_first():
+    master = torch.nn.ModuleDict({"policy": load_model("tiny-random")})
+    weights = sum(param.numel() for param in master.parameters())
+    with Allocations() as made:
+        mixed = BFloat16Compute(master)
+    assert made.bytes[torch.bfloat16] == 2 * weights
+    others = sum(size for dtype, size in made.bytes.items() if dtype != torch.bfloat16)  # buffers only
+    assert others < 0.01 * 4 * weights, made.bytes
+    assert all(param.dtype == torch.bfloat16 for param in mixed.module.parameters())
 
 
 @pytest.mark.parametrize(
