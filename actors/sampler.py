@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
-import os
 import time
 from dataclasses import dataclass
 
@@ -29,6 +28,7 @@ from agentgym_rl.actors.heap import release_free_heap, return_large_frees_to_the
 from agentgym_rl.actors.logs import Timeline
 from agentgym_rl.actors.models import load_tokenizer
 from agentgym_rl.actors.rollout import run_episode
+from agentgym_rl.actors.threads import set_torch_threads
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.actors.transport import DeviceIdentity, SharedWeights
 from agentgym_rl.actors.weight_sync import GroupAddress
@@ -81,7 +81,7 @@ class SamplerActor:
         env_actors: int | None = None,
     ) -> None:
         hide_unreserved_gpus()
-        torch.set_num_threads(sampler.num_threads or os.cpu_count() or 1)
+        set_torch_threads(sampler.num_threads)
         return_large_frees_to_the_os()
         self.index = index
         self.config = sampler
