@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,6 +15,7 @@ from agentgym_rl.actors.heap import release_free_heap, return_large_frees_to_the
 from agentgym_rl.actors.logs import Timeline
 from agentgym_rl.actors.lora import load_policy, read_checked_adapter, write_base_model
 from agentgym_rl.actors.models import load_model, load_tokenizer, resolve_dtype
+from agentgym_rl.actors.threads import set_torch_threads
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.actors.transport import DeviceIdentity, SharedWeights, device_identity, share_cuda_tensors
 from agentgym_rl.actors.weight_sync import GroupAddress, WeightGroup, free_address
@@ -112,7 +112,7 @@ class LearnerActor:
         offload_optimizer: bool = False,
     ) -> None:
         hide_unreserved_gpus()
-        torch.set_num_threads(learner.num_threads or os.cpu_count() or 1)
+        set_torch_threads(learner.num_threads)
         torch.manual_seed(seed)
         self.device = learner_device(learner.device)
         return_large_frees_to_the_os()
