@@ -585,6 +585,12 @@ class LoggingConfig(Section):
 class RayConfig(Section):
     address: str | None = Field(None, description="Ray cluster address; None starts a local instance on 127.0.0.1.")
     num_cpus: int | None = Field(None, ge=1, description="CPUs for a local Ray instance (None: all cores).")
+    gpu_memory_gib: float | None = Field(
+        None,
+        gt=0,
+        description="Memory of each of the cluster's GPUs in GiB, for the memory plan that `train` checks before "
+        "it starts (`agentgym-rl plan`); None: the GPU this machine sees, else 80.",
+    )
 
 
 class AutoscalingConfig(Section):

@@ -19,16 +19,19 @@ import structlog
 
 from agentgym_rl.actors.cluster import stop_on_signals, stopped
 from agentgym_rl.actors.logs import configure_logging
+from agentgym_rl.configs import load_config
 from agentgym_rl.configs.errors import AgentGymError
 from agentgym_rl.configs.loader import format_validation_error
 from agentgym_rl.driver.errors import TrainError
-from agentgym_rl.driver.run import prepare_run, train
+from agentgym_rl.driver.run import algorithm_keys, check_algorithm, prepare_run, train
 from agentgym_rl.envs import EnvError, env_class, make, names
 from agentgym_rl.envs.http.cli import add_server_arguments, parse_options, run_server
 
 log = structlog.get_logger()
 # `train --time-limit` stopped the run with iterations left: not an error (2), and not a signal (128 + N).
 TIME_LIMIT_EXIT = 3
+# `plan`: the run would not fit in GPU memory (the plan says where).
+PLAN_DOES_NOT_FIT = 1
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -65,6 +68,16 @@ def cmd_train(args: argparse.Namespace) -> int:
             f"mean_reward={last['mean_reward']:.3f}; run directory: {run_dir.path}"
         )
     return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from agentgym_rl.driver.plan import format_plan, plan_for
+
+    config = load_config(args.config, args.set, algorithm_keys=algorithm_keys)
+    check_algorithm(config)
+    plan = plan_for(config, gpu_memory_gib=args.gpu_memory_gib, gpus_per_node=args.gpus_per_node)
+    print(format_plan(plan))
+    return 0 if plan.fits else PLAN_DOES_NOT_FIT
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -258,6 +271,29 @@ def build_parser() -> argparse.ArgumentParser:
         f"longest iteration so far); exit status {TIME_LIMIT_EXIT} when iterations remain (continue with --resume)",
     )
     p_train.set_defaults(func=cmd_train)
+
+    p_plan = sub.add_parser(
+        "plan",
+        help="the placement and per-GPU memory a run would get, before it starts; exit status "
+        f"{PLAN_DOES_NOT_FIT} when it would not fit (train refuses such a run)",
+    )
+    p_plan.add_argument("config", nargs="?", default=None, help="YAML config file or preset name")
+    p_plan.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key, as for train"
+    )
+    p_plan.add_argument(
+        "--gpu-memory-gib",
+        type=float,
+        metavar="N",
+        help="memory of each GPU (default: ray.gpu_memory_gib, else the GPU this machine sees, else 80)",
+    )
+    p_plan.add_argument(
+        "--gpus-per-node",
+        type=int,
+        metavar="N",
+        help="GPUs of each node the actors are packed into (default: this machine's GPUs, else 8)",
+    )
+    p_plan.set_defaults(func=cmd_plan)
 
     p_view = sub.add_parser("view", help="trajectory viewer web page for a run directory (follows a live run)")
     p_view.add_argument("run_dir", metavar="RUN_DIR", help="run directory made by train")

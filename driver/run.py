@@ -21,6 +21,7 @@ from agentgym_rl.driver.modes.gateway import GatewayTrainer
 from agentgym_rl.driver.modes.offline import OfflineTrainer
 from agentgym_rl.driver.modes.sync import SyncTrainer
 from agentgym_rl.driver.needs import plan_run
+from agentgym_rl.driver.plan import check_memory
 from agentgym_rl.driver.trainer import Trainer
 from agentgym_rl.driver.warm_start import run_warm_start
 from agentgym_rl.learner.algorithms import AlgorithmConfigError, build_algorithm, resolve_algorithm
@@ -90,6 +91,7 @@ def prepare_run(config_path: str | None, overrides: list[str], resume: str | Non
         check_algorithm(config)
         check_envs(config)
         check_adapter(config)
+        check_memory(config)
         run_dir = RunDir(path)
         run_dir.create(config)
         return config, run_dir
@@ -97,6 +99,7 @@ def prepare_run(config_path: str | None, overrides: list[str], resume: str | Non
     check_algorithm(config)
     check_envs(config)
     check_adapter(config)
+    check_memory(config)  # before any directory, Ray or actor: a run too big for its GPUs is refused here
     if config.run.name is None:
         config.run.name = f"{'mix' if config.envs else config.env.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = RunDir(Path(config.run.dir) / config.run.name)

@@ -1,0 +1,863 @@
+"""The memory plan of a run: where its actors would go and what each GPU would hold, before anything starts.
+
+``agentgym-rl plan CONFIG`` prints it; ``train`` refuses a run whose plan does not fit (``check_fits``). Every
+number is arithmetic from the model's architecture and the config, not a measurement: it says which settings
+make a run too big before the run starts, and by how much.
+
+Parameters (``Shape``, Llama / Mistral / Qwen2 / Qwen3 decoders): the embedding ``V h``; per layer the
+attention projections ``h (n_q d) + 2 h (n_kv d) + (n_q d) h`` (grouped-query: ``n_kv`` key/value heads of
+``d``), their biases where the architecture has them (Qwen2: q, k, v), the MLP ``3 h i``, two RMSNorms ``2 h``
+(Qwen3: and ``2 d`` for its q/k norms); the final norm ``h``; the output head ``V h`` unless tied to the
+embedding. LoRA of rank ``r`` on a linear layer ``(in, out)`` trains ``r (in + out)``.
+
+Below, ``P`` is the policy's parameters, ``T`` its trainable ones (``P``, or LoRA's), ``c`` the bytes of the
+learner's compute dtype (2 under ``bf16-mixed``, else 4) and ``n`` the learners of a DeepSpeed group.
+
+Learner, per learner (``learner_items``):
+
+* torch backend: trainable weights as float32 masters (``4 T``) and under ``bf16-mixed`` their bfloat16
+  compute copy (``2 T``); a LoRA run's frozen base once, in the compute dtype (``c P``); gradients ``4 T`` (+
+  ``2 T`` for the compute copy's, during a backward), freed after each step; AdamW's two float32 moments
+  ``8 T``, in host memory between updates in colocated mode.
+* deepspeed backend (ZeRO, Rajbhandari et al. 2020): weights ``c T``, float32 masters ``4 T`` under
+  bf16, gradients ``c T``, moments ``8 T``; stage 1 splits masters and moments over the ``n`` learners, 2 the
+  gradients too, 3 the weights too.
+* reference model: none for LoRA (the policy's base with the adapter off, or the starting adapter frozen
+  beside the trained one: ``4 L`` more, and its ``2 L`` compute copy under the torch backend's bf16-mixed); a
+  full-weight run whose algorithm needs one holds a copy, ``c P``.
+* critic (PPO): the policy's decoder and a value head, all trained, counted as above.
+* activations of one micro-batch of ``B = learner.micro_batch_size`` rows of ``S`` tokens (``S`` =
+  ``sampler.max_context_tokens``, or ``learner.pack_tokens`` with packing): per layer and token the
+  tensors the backward keeps, ``4 h + 2 (n_q d) + 2 (n_kv d) + 4 i`` elements of ``c`` bytes (the norms'
+  inputs and outputs, q, k, v, the attention output, the MLP's gate, up, activation and product); with
+  gradient checkpointing each layer keeps its input (``h``) and one layer at a time the rest. The critic's
+  backward holds as much again.
+* logits: the forward projects only the ``N`` target tokens, ``N = B min(S, H m)`` (longest horizon ``H``,
+  ``m`` = ``sampler.sampling.max_new_tokens``; packed rows: ``B S``), through the ``V`` vocabulary: ``4 N V``
+  bytes per float32 (N, V) tensor, 6 of them alive at once when the loss differentiates the entropy
+  (the logits, the log-softmax kept by the cross-entropy and by the entropy, its probabilities, their
+  product, a gradient), else 5 (the entropy metric's three without a graph, freed before the backward).
+* a CUDA context per process on a GPU, 0.5 GiB.
+
+Samplers (``sampler_items``): the transformers engine holds the weights in ``sampler.dtype`` (``s`` bytes),
+with LoRA on a CPU the adapted layers' base weights once more (each version is merged from them; on a GPU
+they wait in host memory), and keys/values of ``2 n_kv d`` elements per layer and token for the positions it
+keeps between turns (``sampler.episode_cache_tokens``; unset on a GPU, at most half of what the GPU has free
+after the model loads) and those of a decode batch (``min(sampler.max_batch_size, envs_per_sampler)`` rows
+of ``sampler.max_context_tokens``). vLLM takes its ``gpu_memory_utilization`` share of each of its GPUs for
+weights, cache and activations, and must find the weights room in it. Serve replicas are counted alike from
+``serve``.
+
+Not counted: the engines' prefill activations (one layer at a time), DeepSpeed's communication buckets,
+the forwards without a graph (old and reference log-probabilities: one layer at a time) and the
+allocator's fragmentation.
+
+Colocated, a GPU holds its learner always, the update's items (gradients, moments, activations, logits)
+while the learner trains and the sampler's while it generates (asleep, an engine holds none): its peak is
+what is always there plus the larger phase. ``auto`` dtypes resolve to bfloat16 on a GPU (one that supports
+it, as every GPU since NVIDIA's Ampere does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+import structlog
+from transformers import PretrainedConfig
+
+from agentgym_rl.actors.architectures import read_architecture
+from agentgym_rl.actors.cluster import ClusterError, plan_actors
+from agentgym_rl.actors.models import bfloat16_is_fast
+from agentgym_rl.configs import Config
+from agentgym_rl.configs.errors import AgentGymError
+from agentgym_rl.configs.schema import LoraConfig
+from agentgym_rl.driver.needs import run_needs
+from agentgym_rl.learner.algorithms import build_algorithm
+
+log = structlog.get_logger()
+
+GIB = 1 << 30
+# What a GPU is taken to hold when neither --gpu-memory-gib, ray.gpu_memory_gib nor a visible GPU says.
+DEFAULT_GPU_GIB = 80.0
+DEFAULT_GPUS_PER_NODE = 8
+CUDA_CONTEXT_BYTES = GIB // 2
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+LINEAR_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# (N, V) float32 tensors alive at once in the loss's forward and backward, with and without the entropy's graph.
+LOGIT_TENSORS = {True: 6, False: 5}
+
+Phase = Literal["always", "update", "rollout"]
+
+
+class PlanError(AgentGymError):
+    """A run the plan cannot count: an architecture or LoRA target it does not know, or an actor no node holds."""
+
+
+# ------------------------------------------------------------------------------------------ parameters
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The numbers of a decoder-only transformer that its parameters, key/values and activations follow."""
+
+    model_type: str
+    vocab: int
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    tied: bool
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+
+    @classmethod
+    def from_config(cls, config: PretrainedConfig) -> Shape:
+        """The shape of a Hugging Face config.
+
+        Raises:
+            PlanError: the config's ``model_type`` is not one of ``ARCHITECTURES``.
+        """
+        kind = config.model_type
+        if kind not in ARCHITECTURES:
+            raise PlanError(
+                f"the memory plan counts the parameters of {', '.join(ARCHITECTURES)} models; this model is a {kind!r}"
+            )
+        # Attributes that only some of these architectures define: absent means the architecture has none.
+        attention_bias = bool(getattr(config, "attention_bias", False))
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return cls(
+            model_type=kind,
+            vocab=config.vocab_size,
+            hidden=config.hidden_size,
+            intermediate=config.intermediate_size,
+            layers=config.num_hidden_layers,
+            heads=config.num_attention_heads,
+            kv_heads=config.num_key_value_heads,
+            head_dim=head_dim,
+            tied=bool(config.tie_word_embeddings),
+            qkv_bias=kind == "qwen2" or attention_bias,
+            o_bias=attention_bias,
+            mlp_bias=bool(getattr(config, "mlp_bias", False)),
+            qk_norm=kind == "qwen3",
+        )
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """``(in, out)`` of each linear layer of one decoder layer."""
+        h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
+        return {
+            "q_proj": (h, q),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (q, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
+
+    def layer_parameters(self) -> int:
+        shapes = self.linear_shapes()
+        count = sum(fan_in * fan_out for fan_in, fan_out in shapes.values())
+        if self.qkv_bias:
+            count += sum(shapes[name][1] for name in ("q_proj", "k_proj", "v_proj"))
+        if self.o_bias:
+            count += self.hidden
+        if self.mlp_bias:
+            count += 2 * self.intermediate + self.hidden
+        count += 2 * self.hidden  # the two RMSNorms
+        if self.qk_norm:
+            count += 2 * self.head_dim
+        return count
+
+    def decoder_parameters(self) -> int:
+        """The embedding, the layers and the final norm: all but an untied output head."""
+        return self.vocab * self.hidden + self.layers * self.layer_parameters() + self.hidden
+
+    def parameters(self) -> int:
+        return self.decoder_parameters() + (0 if self.tied else self.vocab * self.hidden)
+
+    def _targets(self, lora: LoraConfig) -> list[str]:
+        targets = list(LINEAR_LAYERS) if lora.target_modules == "all-linear" else lora.target_modules
+        unknown = sorted(set(targets) - set(LINEAR_LAYERS))
+        if unknown:
+            raise PlanError(
+                f"learner.lora.target_modules names {unknown}, which the memory plan does not count; it counts "
+                f"{', '.join(LINEAR_LAYERS)} (or all-linear)"
+            )
+        return targets
+
+    def lora_parameters(self, lora: LoraConfig) -> int:
+        """Trainable parameters of LoRA adapters of rank ``lora.r`` on ``lora.target_modules``."""
+        shapes = self.linear_shapes()
+        return self.layers * sum(lora.r * sum(shapes[name]) for name in self._targets(lora))
+
+    def adapted_parameters(self, lora: LoraConfig) -> int:
+        """The weights of the linear layers LoRA adapts."""
+        shapes = self.linear_shapes()
+        return self.layers * sum(math.prod(shapes[name]) for name in self._targets(lora))
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """Keys and values of one token position over every layer."""
+        return self.layers * 2 * self.kv_heads * self.head_dim * dtype_bytes
+
+    def activation_elements_per_token(self) -> int:
+        """Elements one layer keeps for the backward per token (see the module docstring)."""
+        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return 4 * h + 2 * q + 2 * kv + 4 * self.intermediate
+
+
+# ------------------------------------------------------------------------------------------ the machine
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the plan assumes of the cluster.
+
+    Args:
+        gpu_bytes: memory of each GPU.
+        gpu_source: where ``gpu_bytes`` comes from (for the output).
+        gpus_per_node: GPUs of each node, which the actors are packed into.
+        default_gpus: GPUs an actor whose ``num_gpus`` is unset reserves (1 on a cluster with GPUs, else 0).
+        cpu_bfloat16: whether ``auto`` dtypes resolve to bfloat16 on a CPU (``actors.models.bfloat16_is_fast``).
+        cpus_per_node: CPUs of each node; None: not bounded (GPUs decide the nodes).
+    """
+
+    gpu_bytes: int
+    gpu_source: str
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE
+    default_gpus: float = 0.0
+    cpu_bfloat16: bool = False
+    cpus_per_node: float | None = None
+
+
+def this_machine(config: Config, *, gpu_memory_gib: float | None = None, gpus_per_node: int | None = None) -> Hardware:
+    """The hardware a plan of ``config`` assumes when it is made here (the only function of this module that
+    looks at the machine): the GPU's memory from ``gpu_memory_gib``, else ``ray.gpu_memory_gib``, else the
+    GPU this machine sees, else ``DEFAULT_GPU_GIB``; unset ``num_gpus`` count as the GPUs a local Ray instance
+    would have here."""
+    import torch
+
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpu_memory_gib is not None:
+        gpu_bytes, source = int(gpu_memory_gib * GIB), "--gpu-memory-gib"
+    elif config.ray.gpu_memory_gib is not None:
+        gpu_bytes, source = int(config.ray.gpu_memory_gib * GIB), "ray.gpu_memory_gib"
+    elif visible:
+        gpu_bytes = torch.cuda.get_device_properties(0).total_memory
+        source = f"this machine's {torch.cuda.get_device_name(0)}"
+    else:
+        gpu_bytes, source = int(DEFAULT_GPU_GIB * GIB), "the default: no GPU here, no --gpu-memory-gib"
+    uses_gpu = uses_gpus(config, 1.0 if visible else 0.0)
+    cpus = None if uses_gpu else float(config.ray.num_cpus or os.cpu_count() or 1)
+    return Hardware(
+        gpu_bytes=gpu_bytes,
+        gpu_source=source,
+        gpus_per_node=gpus_per_node or visible or DEFAULT_GPUS_PER_NODE,
+        default_gpus=1.0 if visible else 0.0,
+        # On a GPU machine the probe would answer for the GPU; CPU actors there are planned in float32.
+        cpu_bfloat16=False if visible else bfloat16_is_fast(),
+        cpus_per_node=cpus,
+    )
+
+
+def with_gpus(config: Config, default_gpus: float) -> Config:
+    """``config`` with every unset ``num_gpus`` set as ``actors.cluster.actor_gpus`` would on a cluster with
+    (``default_gpus`` 1) or without GPUs (0); ``learner.device: cuda`` reserves one. Unvalidated copies: the
+    colocated sampler keeps its unset value."""
+    learner, sampler, serve = config.learner, config.sampler, config.serve
+    learner_gpus = learner.num_gpus
+    if learner_gpus is None:
+        learner_gpus = 1.0 if learner.device == "cuda" else default_gpus
+    update = {"learner": learner.model_copy(update={"num_gpus": learner_gpus})}
+    if sampler.num_gpus is None and config.trainer.placement != "colocated":
+        update["sampler"] = sampler.model_copy(update={"num_gpus": default_gpus})
+    if serve.num_gpus is None:
+        update["serve"] = serve.model_copy(update={"num_gpus": default_gpus})
+    return config.model_copy(update=update)
+
+
+def uses_gpus(config: Config, default_gpus: float) -> bool:
+    """Whether any actor of ``config``'s run reserves a GPU (unset ``num_gpus`` as ``default_gpus``)."""
+    fixed, pools = run_needs(with_gpus(config, default_gpus))
+    requests = [need.request for need in fixed if need.count] + [pool.sampler for pool in pools]
+    return any(request.get("GPU", 0.0) > 0 for request in requests)
+
+
+# ------------------------------------------------------------------------------------------ placement
+
+
+@dataclass(frozen=True)
+class ActorGroup:
+    """``count`` actors alike, each reserving ``request`` (CPUs, GPUs, custom resources) on one node."""
+
+    what: str
+    count: int
+    request: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Placement:
+    groups: list[ActorGroup]
+    colocated: bool
+    nodes: int
+    node: dict[str, float]  # what each node is taken to have
+
+    def total(self, resource: str) -> float:
+        return sum(group.count * group.request.get(resource, 0.0) for group in self.groups)
+
+
+def place(config: Config, hardware: Hardware) -> Placement:
+    """The actors of ``config``'s run at their wanted sizes (``sampler.count`` samplers of
+    ``sampler.envs_per_sampler`` env actors each) and the fewest nodes that hold them, packed as
+    ``actors.cluster.plan_actors`` packs them (custom resources aside).
+
+    Raises:
+        PlanError: one actor asks more than a node has.
+    """
+    colocated = config.trainer.placement == "colocated"
+    fixed, pools = run_needs(with_gpus(config, hardware.default_gpus))
+    labels = ["learner + sampler (one bundle)" if colocated else "learner", "serve replica"]
+    groups = [ActorGroup(label, need.count, need.request) for label, need in zip(labels, fixed, strict=False)]
+    for pool in pools:
+        named = f" ({pool.env})" if len(pools) > 1 else ""
+        if not colocated:
+            groups.append(ActorGroup(f"sampler{named}", pool.count, pool.sampler))
+        groups.append(ActorGroup(f"env actor{named}", pool.count * pool.envs, pool.env_actor))
+        groups.append(ActorGroup(f"curriculum{named}", 1, {}))
+    node = {"CPU": hardware.cpus_per_node or math.inf, "GPU": float(hardware.gpus_per_node)}
+
+    def counted(request: dict[str, float]) -> dict[str, float]:
+        return {name: amount for name, amount in request.items() if name in node}
+
+    wanted_fixed = [dataclasses.replace(need, request=counted(need.request)) for need in fixed]
+    wanted_pools = [
+        dataclasses.replace(
+            pool,
+            sampler=counted(pool.sampler),
+            env_actor=counted(pool.env_actor),
+            min_count=pool.count,
+            min_envs=pool.envs,
+        )
+        for pool in pools
+    ]
+    most = sum(need.count for need in fixed) + sum(pool.count * (1 + pool.envs) for pool in pools)
+    for nodes in range(1, most + 1):
+        try:
+            plan_actors([dict(node) for _ in range(nodes)], wanted_fixed, wanted_pools)
+        except ClusterError:
+            continue
+        return Placement(groups, colocated, nodes, node)
+    too_big = next(group for group in groups if any(group.request.get(name, 0.0) > node[name] for name in node))
+    raise PlanError(
+        f"one {too_big.what} asks {format_request(too_big.request)}, more than a node has "
+        f"({format_request(node)}); give nodes more (--gpus-per-node) or lower its num_gpus / num_cpus"
+    )
+
+
+# ------------------------------------------------------------------------------------------ memory
+
+
+@dataclass(frozen=True)
+class Item:
+    """Bytes held for one purpose, ``always`` or only during the learners' update or the samplers' rollout."""
+
+    name: str
+    nbytes: int
+    phase: Phase = "always"
+
+
+@dataclass(frozen=True)
+class Holder:
+    """What one GPU (or, on CPUs, one process) of a kind holds; ``count`` of them are alike."""
+
+    what: str
+    count: int
+    gpu: bool
+    items: list[Item]
+
+    def phase_bytes(self, phase: Phase) -> int:
+        return sum(item.nbytes for item in self.items if item.phase == phase)
+
+    @property
+    def peak(self) -> int:
+        """What is always held plus the larger of the two phases (they take turns on a colocated GPU)."""
+        return self.phase_bytes("always") + max(self.phase_bytes("update"), self.phase_bytes("rollout"))
+
+    def largest(self, count: int = 3) -> list[Item]:
+        return sorted(self.items, key=lambda item: -item.nbytes)[:count]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A run's placement and memory, and what does not fit."""
+
+    model: str
+    learner: str
+    sampler: str
+    placement: Placement
+    holders: list[Holder]
+    hardware: Hardware
+    problems: list[str]
+
+    @property
+    def uses_gpu(self) -> bool:
+        return any(holder.gpu for holder in self.holders)
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+
+def dtype_bytes(dtype: str) -> int:
+    return 2 if dtype == "bfloat16" else 4
+
+
+def resolve(dtype: str, gpu: bool, cpu_bfloat16: bool) -> str:
+    """``auto`` as ``actors.models.resolve_dtype`` resolves it on a GPU (bfloat16) or on this kind of CPU."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if gpu or cpu_bfloat16 else "float32"
+
+
+def trained_items(
+    what: str,
+    trainable: int,
+    *,
+    frozen: int = 0,
+    compute: int,
+    deepspeed: bool,
+    world: int,
+    zero: int,
+    offload: bool,
+) -> list[Item]:
+    """Weights, gradients and AdamW state of ``trainable`` parameters (and ``frozen`` ones beside them) of one
+    learner; see the module docstring."""
+    moments_phase: Phase = "update" if offload else "always"
+    name = "bfloat16" if compute == 2 else "float32"
+    if not deepspeed:
+        items = [
+            Item(f"{what} {'float32 masters' if compute == 2 else 'weights, float32'}", 4 * trainable),
+            Item(f"{what} gradients, float32", 4 * trainable, "update"),
+            Item(f"{what} AdamW moments, float32", 8 * trainable, moments_phase),
+        ]
+        if compute == 2:
+            items.append(Item(f"{what} weights, bfloat16 (compute copy)", 2 * trainable))
+            items.append(Item(f"{what} gradients, bfloat16 (in a backward)", 2 * trainable, "update"))
+        if frozen:
+            items.append(Item(f"frozen base weights, {name}", compute * frozen))
+        return items
+    split = {stage: world if zero >= stage else 1 for stage in (1, 2, 3)}
+    zero_note = f", ZeRO-{zero} 1/{world}" if world > 1 and zero else ""
+    items = [
+        Item(f"{what} weights, {name}{zero_note if zero >= 3 else ''}", compute * trainable // split[3]),
+        Item(f"{what} gradients, {name}{zero_note if zero >= 2 else ''}", compute * trainable // split[2], "update"),
+        Item(
+            f"{what} AdamW moments, float32{zero_note if zero >= 1 else ''}", 8 * trainable // split[1], moments_phase
+        ),
+    ]
+    if compute == 2:
+        items.append(Item(f"{what} float32 masters{zero_note if zero >= 1 else ''}", 4 * trainable // split[1]))
+    if frozen:
+        items.append(Item(f"frozen base weights, {name}{zero_note if zero >= 3 else ''}", compute * frozen // split[3]))
+    return items
+
+
+def learner_items(config: Config, shape: Shape, *, gpu: bool, cpu_bfloat16: bool) -> tuple[list[Item], str]:
+    """What one learner holds, and a line describing it."""
+    cfg = config.learner
+    precision = cfg.precision
+    if precision == "auto":
+        precision = "bf16-mixed" if gpu or cpu_bfloat16 else "float32"
+    compute = 2 if precision == "bf16-mixed" else 4
+    algorithm = build_algorithm(config.algorithm.name, config.algorithm.model_extra or {})
+    deepspeed = cfg.backend == "deepspeed"
+    trainer = {
+        "deepspeed": deepspeed,
+        "world": cfg.count if deepspeed else 1,
+        "zero": cfg.zero_stage if deepspeed else 0,
+        "offload": config.trainer.placement == "colocated",
+    }
+    parameters = shape.parameters()
+    if cfg.lora.enabled:
+        adapters = shape.lora_parameters(cfg.lora)
+        items = trained_items("LoRA adapter", adapters, frozen=parameters, compute=compute, **trainer)
+        training = f"LoRA r {cfg.lora.r} on {describe_targets(cfg.lora)}: {count_text(adapters)} trainable"
+    else:
+        adapters = 0
+        items = trained_items("policy", parameters, compute=compute, **trainer)
+        training = "full weights"
+    reference = "none"
+    if algorithm.needs_reference:
+        if cfg.lora.enabled:
+            reference = "the policy's base with the adapter off (no copy)"
+            if config.model.adapter is not None:
+                reference = "the policy's base with the starting adapter, frozen (no copy of the base)"
+                # a float32 adapter, with its bfloat16 compute copy under the torch backend's bf16-mixed
+                frozen = compute if deepspeed else 4 + (2 if compute == 2 else 0)
+                items.append(Item("starting adapter, frozen (the reference)", frozen * adapters))
+        else:
+            reference = "a copy of the starting weights"
+            items.append(Item(f"reference model, {'bfloat16' if compute == 2 else 'float32'}", compute * parameters))
+    tokens = cfg.pack_tokens if cfg.packing and cfg.pack_tokens else config.sampler.max_context_tokens
+    rows = cfg.micro_batch_size
+    items.append(activations_item("activations", shape, rows * tokens, compute, cfg.gradient_checkpointing))
+    if algorithm.needs_critic:
+        critic = shape.decoder_parameters() + shape.hidden + 1
+        items += trained_items("critic", critic, compute=compute, **trainer)
+        items.append(activations_item("critic activations", shape, rows * tokens, compute, cfg.gradient_checkpointing))
+    targets = rows * tokens if cfg.packing else rows * min(tokens, longest_horizon(config) * max_new_tokens(config))
+    graph = algorithm.differentiates_entropy
+    tensors = LOGIT_TENSORS[graph]
+    items.append(
+        Item(
+            f"logits: {targets:,} targets x {shape.vocab:,} vocabulary x {tensors} float32"
+            f"{' (entropy graph)' if graph else ''}",
+            4 * targets * shape.vocab * tensors,
+            "update",
+        )
+    )
+    if gpu:
+        items.append(cuda_context("learner"))
+    line = (
+        f"{cfg.count} x {cfg.backend}{f' ZeRO-{cfg.zero_stage}' if deepspeed else ''}, {precision}, {training}\n"
+        f"         reference: {reference}; micro-batch {rows} x {tokens:,} tokens"
+        f"{', gradient checkpointing' if cfg.gradient_checkpointing else ''}"
+    )
+    return items, line
+
+
+def cuda_context(what: str) -> Item:
+    return Item(f"CUDA context ({what})", CUDA_CONTEXT_BYTES)
+
+
+def activations_item(what: str, shape: Shape, tokens: int, compute: int, checkpointing: bool) -> Item:
+    layer = shape.activation_elements_per_token() * tokens * compute
+    if checkpointing:
+        kept = shape.layers * shape.hidden * tokens * compute + layer
+        return Item(f"{what}, {tokens:,} tokens, checkpointed", kept, "update")
+    return Item(f"{what}, {tokens:,} tokens x {shape.layers} layers", shape.layers * layer, "update")
+
+
+def longest_horizon(config: Config) -> int:
+    """The most turns an episode of the run may take, over its envs' schedules."""
+    schedules = [entry.curriculum or config.curriculum for entry in config.envs] or [config.curriculum]
+    return max(schedule.horizon if schedule.schedule == "fixed" else max(schedule.horizons) for schedule in schedules)
+
+
+def max_new_tokens(config: Config) -> int:
+    return config.sampler.sampling.max_new_tokens
+
+
+def engine_items(
+    config: Config,
+    shape: Shape,
+    *,
+    engine: str,
+    dtype: str,
+    gpu: bool,
+    kept_tokens: int,
+    decode_positions: int,
+    vllm_share: float,
+    tensor_parallel: int,
+    hardware: Hardware,
+    what: str,
+    fit_cache_to_memory: bool = False,
+    resident: int = 0,
+) -> tuple[list[Item], list[str]]:
+    """What one engine (a sampler's or a serve replica's) holds on each of its GPUs (its CUDA context aside),
+    and what cannot fit. With ``fit_cache_to_memory`` the kept key/values get at most half of what the GPU has
+    free after the model loads beside ``resident`` bytes (as the transformers engine sizes an unset
+    ``sampler.kv_cache_tokens``)."""
+    weights = shape.parameters() * dtype_bytes(dtype)
+    problems = []
+    if engine == "vllm" and gpu:
+        share = int(vllm_share * hardware.gpu_bytes)
+        if weights // tensor_parallel >= share:
+            problems.append(
+                f"each {what}'s vLLM share ({vllm_share:g} of {gib(hardware.gpu_bytes)} GiB = {gib(share)} GiB) "
+                f"cannot hold its weights ({gib(weights // tensor_parallel)} GiB per GPU) and a key/value cache: "
+                "raise its vllm.gpu_memory_utilization or vllm.tensor_parallel_size"
+            )
+        return [Item(f"vLLM engine ({vllm_share:g} of the GPU: weights, key/value cache)", share)], problems
+    items = [Item(f"{what} weights, {dtype}", weights)]
+    if engine == "transformers":
+        lora = config.learner.lora
+        if lora.enabled and not gpu:
+            # Each version is merged from the adapted layers' original weights, kept in host memory.
+            bases = shape.adapted_parameters(lora) * dtype_bytes(dtype)
+            items.append(Item(f"{what} LoRA-adapted layers' base weights", bases))
+        per_token = shape.kv_bytes_per_token(dtype_bytes(dtype))
+        if fit_cache_to_memory:
+            kept_tokens = min(kept_tokens, max(0, hardware.gpu_bytes - resident - weights) // 2 // per_token)
+        items.append(
+            Item(
+                f"{what} key/value cache, {kept_tokens:,} kept + {decode_positions:,} decoding positions",
+                (kept_tokens + decode_positions) * per_token,
+            )
+        )
+    return items, problems
+
+
+def sampler_items(
+    config: Config, shape: Shape, *, gpu: bool, hardware: Hardware, resident: int
+) -> tuple[list[Item], list[str]]:
+    """A sampler's engine; ``resident``: the bytes on its GPU besides it when it loads."""
+    sampler = config.sampler
+    rows = min(sampler.max_batch_size, sampler.max_envs_per_sampler or sampler.envs_per_sampler)
+    return engine_items(
+        config,
+        shape,
+        engine=sampler.engine,
+        dtype=resolve(sampler.dtype, gpu, hardware.cpu_bfloat16),
+        gpu=gpu,
+        kept_tokens=sampler.episode_cache_tokens,
+        decode_positions=rows * sampler.max_context_tokens,
+        vllm_share=sampler.vllm.gpu_memory_utilization,
+        tensor_parallel=sampler.vllm.tensor_parallel_size,
+        hardware=hardware,
+        what="sampler",
+        fit_cache_to_memory=gpu and sampler.kv_cache_tokens is None,
+        resident=resident,
+    )
+
+
+def serve_items(config: Config, shape: Shape, *, gpu: bool, hardware: Hardware) -> tuple[list[Item], list[str]]:
+    serve = config.serve
+    return engine_items(
+        config,
+        shape,
+        engine=serve.engine or config.sampler.engine,
+        dtype=resolve(config.sampler.dtype, gpu, hardware.cpu_bfloat16),
+        gpu=gpu,
+        kept_tokens=0,
+        decode_positions=serve.kv_cache_tokens,
+        vllm_share=serve.vllm.gpu_memory_utilization,
+        tensor_parallel=serve.vllm.tensor_parallel_size,
+        hardware=hardware,
+        what="serve replica",
+    )
+
+
+def sharing(gpus: float) -> int:
+    """How many actors that each reserve ``gpus`` (a fraction) Ray may put on one GPU."""
+    return max(1, math.floor(1 / gpus + 1e-9)) if 0 < gpus < 1 else 1
+
+
+def make_plan(config: Config, shape: Shape, hardware: Hardware, *, model: str) -> Plan:
+    """The placement of ``config``'s run and what each of its GPUs (or, on CPUs, processes) holds.
+
+    Args:
+        config: the run's config.
+        shape: its model's shape.
+        hardware: what the cluster is taken to have.
+        model: a line naming the model and where its shape was read (for the output).
+
+    Raises:
+        PlanError: a model, LoRA target or actor the plan cannot count or place.
+    """
+    placement = place(config, hardware)
+    resolved = with_gpus(config, hardware.default_gpus)
+    learner_gpus = resolved.learner.num_gpus
+    learner_on_gpu = learner_gpus > 0 and resolved.learner.device != "cpu"
+    learner, learner_line = learner_items(resolved, shape, gpu=learner_on_gpu, cpu_bfloat16=hardware.cpu_bfloat16)
+    colocated = placement.colocated
+    sampler_gpus = learner_gpus if colocated else resolved.sampler.num_gpus
+    # Colocated learners start before their samplers: an engine loads beside the learner's resident bytes.
+    resident = CUDA_CONTEXT_BYTES + (sum(item.nbytes for item in learner if item.phase == "always") if colocated else 0)
+    sampler, problems = sampler_items(resolved, shape, gpu=sampler_gpus > 0, hardware=hardware, resident=resident)
+    has_samplers = config.trainer.mode not in ("offline", "gateway")
+    samplers = config.sampler.count * max(1, len(config.envs))
+    holders = []
+    if colocated and learner_on_gpu:
+        share = sharing(learner_gpus)
+        # Asleep, the engine holds nothing on the GPU but its process's CUDA context.
+        awake = [dataclasses.replace(item, phase="rollout") for item in sampler] + [cuda_context("sampler")]
+        holders.append(
+            Holder(
+                f"learner + sampler, colocated{f' ({share} pairs on each GPU)' if share > 1 else ''}",
+                math.ceil(config.learner.count / share),
+                True,
+                [dataclasses.replace(item, nbytes=item.nbytes * share) for item in learner + awake],
+            )
+        )
+    else:
+        holders.append(shared_holder("learner", config.learner.count, learner_gpus, learner_on_gpu, learner))
+        if has_samplers:
+            on_gpu = sampler_gpus > 0
+            holders.append(
+                shared_holder("sampler", samplers, sampler_gpus, on_gpu, sampler + [cuda_context("sampler")] * on_gpu)
+            )
+    if config.serve.enabled:
+        serve_gpus = resolved.serve.num_gpus
+        on_gpu = serve_gpus > 0
+        serve, serve_problems = serve_items(resolved, shape, gpu=on_gpu, hardware=hardware)
+        replicas = config.serve.autoscaling.min_replicas if config.serve.autoscaling else config.serve.num_replicas
+        serve += [cuda_context("serve replica")] * on_gpu
+        holders.append(shared_holder("serve replica", replicas, serve_gpus, on_gpu, serve))
+        problems += serve_problems
+    for holder in holders:
+        if holder.gpu and holder.peak > hardware.gpu_bytes:
+            problems.append(overflow(holder, hardware))
+    line = resolved.sampler.engine + ", " + resolve(config.sampler.dtype, sampler_gpus > 0, hardware.cpu_bfloat16)
+    sampler_line = f"{samplers} x {line}" if has_samplers else "none (trainer.mode: " + config.trainer.mode + ")"
+    return Plan(model, learner_line, sampler_line, placement, holders, hardware, problems)
+
+
+def shared_holder(what: str, count: int, gpus: float, gpu: bool, items: list[Item]) -> Holder:
+    """``count`` actors of one kind, each holding ``items``: per GPU as many as share one (fractional
+    ``num_gpus``), or per process on CPUs."""
+    if not gpu:
+        return Holder(f"{what} process", count, False, items)
+    share = sharing(gpus)
+    if share == 1:
+        return Holder(what, count, True, items)
+    return Holder(
+        f"{what} ({share} on each GPU)",
+        math.ceil(count / share),
+        True,
+        [dataclasses.replace(item, nbytes=item.nbytes * share) for item in items],
+    )
+
+
+def overflow(holder: Holder, hardware: Hardware) -> str:
+    largest = ", ".join(f"{item.name} ({gib(item.nbytes)} GiB)" for item in holder.largest())
+    return (
+        f"each GPU of the {holder.what} would hold {gib(holder.peak)} GiB at its peak, more than its "
+        f"{gib(hardware.gpu_bytes)} GiB ({hardware.gpu_source}); the largest items: {largest}"
+    )
+
+
+def check_fits(plan: Plan) -> None:
+    """Raise :class:`PlanError` naming the largest items of every GPU that cannot hold its peak."""
+    if plan.problems:
+        raise PlanError(
+            "the run does not fit in GPU memory: "
+            + "; ".join(plan.problems)
+            + ". See `agentgym-rl plan CONFIG`; lower learner.micro_batch_size or sampler.max_context_tokens, "
+            "turn on learner.gradient_checkpointing or learner.lora.enabled, or split the weights over more "
+            "learners (learner.backend=deepspeed, learner.zero_stage=3); set ray.gpu_memory_gib if the GPUs "
+            "are larger"
+        )
+
+
+def plan_for(config: Config, *, gpu_memory_gib: float | None = None, gpus_per_node: int | None = None) -> Plan:
+    """The plan of ``config``'s run made here: its model's architecture read without weights
+    (``actors.architectures``), the hardware from ``this_machine``.
+
+    Raises:
+        ModelError: the model cannot be found (``read_architecture``).
+        PlanError: see ``make_plan``.
+    """
+    architecture = read_architecture(config.model.name)
+    shape = Shape.from_config(architecture.config)
+    hardware = this_machine(config, gpu_memory_gib=gpu_memory_gib, gpus_per_node=gpus_per_node)
+    return make_plan(config, shape, hardware, model=describe_model(config.model.name, architecture.source, shape))
+
+
+def check_memory(config: Config) -> None:
+    """``train``'s check before anything starts: a run that reserves GPUs (by its settings, or unset ones on
+    this machine's GPUs) and whose plan does not fit is refused; a CPU run never is.
+
+    Raises:
+        PlanError: the run does not fit; the message names each GPU's largest items.
+    """
+    import torch
+
+    if not uses_gpus(config, 1.0 if torch.cuda.is_available() else 0.0):
+        return
+    try:
+        plan = plan_for(config)
+    except PlanError as exc:
+        # The plan cannot count this run (e.g. another architecture): the run goes on, as before there was a plan.
+        log.warning("no memory plan for this run; it starts unchecked", reason=str(exc))
+        return
+    check_fits(plan)
+
+
+# ------------------------------------------------------------------------------------------ output
+
+
+def gib(nbytes: float) -> str:
+    return f"{nbytes / GIB:.2f}"
+
+
+def count_text(count: int) -> str:
+    """``7.62 B``, ``40.37 M``, ``86,016``."""
+    if count >= 10**9:
+        return f"{count / 1e9:.2f} B"
+    if count >= 10**6:
+        return f"{count / 1e6:.2f} M"
+    return f"{count:,}"
+
+
+def describe_targets(lora: LoraConfig) -> str:
+    return lora.target_modules if isinstance(lora.target_modules, str) else ", ".join(lora.target_modules)
+
+
+def format_request(request: dict[str, float]) -> str:
+    shown = [f"{name} {amount:g}" for name, amount in request.items() if not math.isinf(amount)]
+    return ", ".join(shown) or "nothing"
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}{'es' if noun.endswith('s') else 's'}"
+
+
+def describe_model(name: str, source: str, shape: Shape) -> str:
+    return (
+        f"{name}: {shape.model_type}, {count_text(shape.parameters())} parameters ({shape.layers} layers, hidden "
+        f"{shape.hidden:,}, vocabulary {shape.vocab:,})\n         read from {source}"
+    )
+
+
+def format_plan(plan: Plan) -> str:
+    """The plan as ``agentgym-rl plan`` prints it: the model, learner and samplers; the actors and their
+    bundles; per kind of GPU (or, on CPUs, of process) what it holds, largest first, and its peak."""
+    placement, hardware = plan.placement, plan.hardware
+    lines = [f"model    {plan.model}", f"learner  {plan.learner}", f"sampler  {plan.sampler}", ""]
+    kind = "colocated: learner i and sampler i in one bundle" if placement.colocated else "disaggregated"
+    lines.append(f"placement ({kind})")
+    lines.append(f"  {'actors':<32} {'count':>5}  {'each':<22} {'CPUs':>6} {'GPUs':>5}")
+    for group in placement.groups:
+        cpus, gpus = (group.count * group.request.get(name, 0.0) for name in ("CPU", "GPU"))
+        lines.append(
+            f"  {group.what:<32} {group.count:>5}  {format_request(group.request):<22} {cpus:>6.2f} {gpus:>5g}"
+        )
+    lines.append(f"  {'in all':<32} {'':>5}  {'':<22} {placement.total('CPU'):>6.2f} {placement.total('GPU'):>5g}")
+    if hardware.cpus_per_node is None:
+        node = f"{plural(hardware.gpus_per_node, 'GPU')} each (CPUs not counted)"
+    else:
+        node = f"{hardware.cpus_per_node:g} CPUs each"
+    lines.append(f"  nodes: {placement.nodes}, of {node}")
+    lines.append("")
+    if plan.uses_gpu:
+        lines.append(f"memory per GPU (a GPU holds {gib(hardware.gpu_bytes)} GiB: {hardware.gpu_source})")
+    else:
+        lines.append("memory per process (no GPU is used: the run reserves none)")
+    width = max(len(item.name) for holder in plan.holders for item in holder.items)
+    for holder in plan.holders:
+        lines.append(f"  {holder.what}: {plural(holder.count, 'GPU' if holder.gpu else 'process')}")
+        lines.append(f"    {'':<{width}} {'GiB':>6}  held")
+        for item in sorted(holder.items, key=lambda item: -item.nbytes):
+            when = "always" if item.phase == "always" else f"in the {item.phase}"
+            lines.append(f"    {item.name:<{width}} {gib(item.nbytes):>6}  {when}")
+        verdict = ""
+        if holder.gpu:
+            left = hardware.gpu_bytes - holder.peak
+            verdict = f"fits, {gib(left)} GiB left" if left >= 0 else f"does not fit: {gib(-left)} GiB too much"
+        lines.append(f"    {'peak':<{width}} {gib(holder.peak):>6}  {verdict}".rstrip())
+    lines.append("")
+    if not plan.uses_gpu:
+        lines.append("fits: no GPU is used, so there is no GPU memory to run out of")
+    elif plan.fits:
+        lines.append("fits: every GPU holds its peak")
+    else:
+        lines.extend(f"does not fit: {problem}" for problem in plan.problems)
+    return "\n".join(lines)
