@@ -8,10 +8,18 @@
 * A name, or a directory missing on this machine, whose last part is in ``PUBLISHED_SHAPES``: the shape its
   publisher released. The presets and docs plan for these models (``configs/babyai.yaml`` names
   ``/models/Qwen2.5-7B-Instruct``), so a run can be planned before its weights are fetched.
+
+``Shape`` counts what the memory plan (``driver.plan``) needs of one. Parameters (Llama, Mistral, Qwen2 and
+Qwen3 decoders): the embedding ``V h``; per layer the attention projections ``h (n_q d) + 2 h (n_kv d) +
+(n_q d) h`` (grouped-query: ``n_kv`` key/value heads of ``d``), their biases where the architecture has them
+(Qwen2: q, k, v), the MLP ``3 h i``, two RMSNorms ``2 h`` (Qwen3: and ``2 d`` for its q/k norms); the final norm
+``h``; the output head ``V h`` unless tied to the embedding. LoRA of rank ``r`` on a linear layer ``(in, out)``
+trains ``r (in + out)``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +35,11 @@ from agentgym_rl.actors.models import (
     model_dir,
     smollm2_gguf_dir,
 )
+from agentgym_rl.configs.errors import AgentGymError
+from agentgym_rl.configs.schema import LoraConfig
+
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+LINEAR_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 _QWEN25_SMALL = {"model_type": "qwen2", "vocab_size": 151936, "tie_word_embeddings": True}
 _QWEN25_LARGE = {"model_type": "qwen2", "vocab_size": 152064, "tie_word_embeddings": False}
@@ -75,6 +88,10 @@ PUBLISHED_SHAPES: dict[str, dict[str, Any]] = {
 }
 
 
+class ArchitectureError(AgentGymError, ValueError):
+    """A model whose shape is not counted here: another architecture, or a LoRA target outside its linear layers."""
+
+
 @dataclass(frozen=True)
 class Architecture:
     """A model's Hugging Face config and where it was read from (for messages)."""
@@ -113,3 +130,116 @@ def read_architecture(name: str) -> Architecture:
         f"unknown model {name!r}: use a built-in ({', '.join(BUILTIN_MODELS)}), a local Hugging Face model "
         f"directory, or (to plan only) a name ending in a published shape ({known}, or their -Instruct)"
     )
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The numbers of a decoder-only transformer that its parameters, key/values and activations follow."""
+
+    model_type: str
+    vocab: int
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    tied: bool
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+
+    @classmethod
+    def from_config(cls, config: PretrainedConfig) -> Shape:
+        """The shape of a Hugging Face config.
+
+        Raises:
+            ArchitectureError: the config's ``model_type`` is not one of ``ARCHITECTURES``.
+        """
+        kind = config.model_type
+        if kind not in ARCHITECTURES:
+            raise ArchitectureError(
+                f"the memory plan counts the shapes of {', '.join(ARCHITECTURES)} models; this model is a {kind!r}"
+            )
+        # Attributes that only some of these architectures define: absent means the architecture has none.
+        attention_bias = bool(getattr(config, "attention_bias", False))
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return cls(
+            model_type=kind,
+            vocab=config.vocab_size,
+            hidden=config.hidden_size,
+            intermediate=config.intermediate_size,
+            layers=config.num_hidden_layers,
+            heads=config.num_attention_heads,
+            kv_heads=config.num_key_value_heads,
+            head_dim=head_dim,
+            tied=bool(config.tie_word_embeddings),
+            qkv_bias=kind == "qwen2" or attention_bias,
+            o_bias=attention_bias,
+            mlp_bias=bool(getattr(config, "mlp_bias", False)),
+            qk_norm=kind == "qwen3",
+        )
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """``(in, out)`` of each linear layer of one decoder layer."""
+        h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
+        return {
+            "q_proj": (h, q),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (q, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
+
+    def layer_parameters(self) -> int:
+        shapes = self.linear_shapes()
+        count = sum(fan_in * fan_out for fan_in, fan_out in shapes.values())
+        if self.qkv_bias:
+            count += sum(shapes[name][1] for name in ("q_proj", "k_proj", "v_proj"))
+        if self.o_bias:
+            count += self.hidden
+        if self.mlp_bias:
+            count += 2 * self.intermediate + self.hidden
+        count += 2 * self.hidden  # the two RMSNorms
+        if self.qk_norm:
+            count += 2 * self.head_dim
+        return count
+
+    def decoder_parameters(self) -> int:
+        """The embedding, the layers and the final norm: all but an untied output head."""
+        return self.vocab * self.hidden + self.layers * self.layer_parameters() + self.hidden
+
+    def parameters(self) -> int:
+        return self.decoder_parameters() + (0 if self.tied else self.vocab * self.hidden)
+
+    def _targets(self, lora: LoraConfig) -> list[str]:
+        targets = list(LINEAR_LAYERS) if lora.target_modules == "all-linear" else lora.target_modules
+        unknown = sorted(set(targets) - set(LINEAR_LAYERS))
+        if unknown:
+            raise ArchitectureError(
+                f"learner.lora.target_modules names {unknown}; the memory plan counts adapters on "
+                f"{', '.join(LINEAR_LAYERS)} (or all-linear)"
+            )
+        return targets
+
+    def lora_parameters(self, lora: LoraConfig) -> int:
+        """Trainable parameters of LoRA adapters of rank ``lora.r`` on ``lora.target_modules``."""
+        shapes = self.linear_shapes()
+        return self.layers * sum(lora.r * sum(shapes[name]) for name in self._targets(lora))
+
+    def adapted_parameters(self, lora: LoraConfig) -> int:
+        """The weights of the linear layers LoRA adapts."""
+        shapes = self.linear_shapes()
+        return self.layers * sum(math.prod(shapes[name]) for name in self._targets(lora))
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """Keys and values of one token position over every layer."""
+        return self.layers * 2 * self.kv_heads * self.head_dim * dtype_bytes
+
+    def activation_elements_per_token(self) -> int:
+        """Elements one layer keeps for the backward per token (see the module docstring)."""
+        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return 4 * h + 2 * q + 2 * kv + 4 * self.intermediate

@@ -4,11 +4,8 @@
 number is arithmetic from the model's architecture and the config, not a measurement: it says which settings
 make a run too big before the run starts, and by how much.
 
-Parameters (``Shape``, Llama / Mistral / Qwen2 / Qwen3 decoders): the embedding ``V h``; per layer the
-attention projections ``h (n_q d) + 2 h (n_kv d) + (n_q d) h`` (grouped-query: ``n_kv`` key/value heads of
-``d``), their biases where the architecture has them (Qwen2: q, k, v), the MLP ``3 h i``, two RMSNorms ``2 h``
-(Qwen3: and ``2 d`` for its q/k norms); the final norm ``h``; the output head ``V h`` unless tied to the
-embedding. LoRA of rank ``r`` on a linear layer ``(in, out)`` trains ``r (in + out)``.
+Parameters, LoRA parameters, key/value and activation sizes come from the model's ``Shape``
+(``actors.architectures``).
 
 Below, ``P`` is the policy's parameters, ``T`` its trainable ones (``P``, or LoRA's), ``c`` the bytes of the
 learner's compute dtype (2 under ``bf16-mixed``, else 4) and ``n`` the learners of a DeepSpeed group.
@@ -67,9 +64,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 import structlog
-from transformers import PretrainedConfig
 
-from agentgym_rl.actors.architectures import read_architecture
+from agentgym_rl.actors.architectures import ArchitectureError, Shape, read_architecture
 from agentgym_rl.actors.cluster import ClusterError, plan_actors
 from agentgym_rl.actors.models import bfloat16_is_fast
 from agentgym_rl.configs import Config
@@ -85,8 +81,6 @@ GIB = 1 << 30
 DEFAULT_GPU_GIB = 80.0
 DEFAULT_GPUS_PER_NODE = 8
 CUDA_CONTEXT_BYTES = GIB // 2
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
-LINEAR_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # (N, V) float32 tensors alive at once in the loss's forward and backward, with and without the entropy's graph.
 LOGIT_TENSORS = {True: 6, False: 5}
 
@@ -94,123 +88,7 @@ Phase = Literal["always", "update", "rollout"]
 
 
 class PlanError(AgentGymError):
-    """A run the plan cannot count: an architecture or LoRA target it does not know, or an actor no node holds."""
-
-
-# ------------------------------------------------------------------------------------------ parameters
-
-
-@dataclass(frozen=True)
-class Shape:
-    """The numbers of a decoder-only transformer that its parameters, key/values and activations follow."""
-
-    model_type: str
-    vocab: int
-    hidden: int
-    intermediate: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    tied: bool
-    qkv_bias: bool
-    o_bias: bool
-    mlp_bias: bool
-    qk_norm: bool
-
-    @classmethod
-    def from_config(cls, config: PretrainedConfig) -> Shape:
-        """The shape of a Hugging Face config.
-
-        Raises:
-            PlanError: the config's ``model_type`` is not one of ``ARCHITECTURES``.
-        """
-        kind = config.model_type
-        if kind not in ARCHITECTURES:
-            raise PlanError(
-                f"the memory plan counts the parameters of {', '.join(ARCHITECTURES)} models; this model is a {kind!r}"
-            )
-        # Attributes that only some of these architectures define: absent means the architecture has none.
-        attention_bias = bool(getattr(config, "attention_bias", False))
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        return cls(
-            model_type=kind,
-            vocab=config.vocab_size,
-            hidden=config.hidden_size,
-            intermediate=config.intermediate_size,
-            layers=config.num_hidden_layers,
-            heads=config.num_attention_heads,
-            kv_heads=config.num_key_value_heads,
-            head_dim=head_dim,
-            tied=bool(config.tie_word_embeddings),
-            qkv_bias=kind == "qwen2" or attention_bias,
-            o_bias=attention_bias,
-            mlp_bias=bool(getattr(config, "mlp_bias", False)),
-            qk_norm=kind == "qwen3",
-        )
-
-    def linear_shapes(self) -> dict[str, tuple[int, int]]:
-        """``(in, out)`` of each linear layer of one decoder layer."""
-        h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
-        return {
-            "q_proj": (h, q),
-            "k_proj": (h, kv),
-            "v_proj": (h, kv),
-            "o_proj": (q, h),
-            "gate_proj": (h, i),
-            "up_proj": (h, i),
-            "down_proj": (i, h),
-        }
-
-    def layer_parameters(self) -> int:
-        shapes = self.linear_shapes()
-        count = sum(fan_in * fan_out for fan_in, fan_out in shapes.values())
-        if self.qkv_bias:
-            count += sum(shapes[name][1] for name in ("q_proj", "k_proj", "v_proj"))
-        if self.o_bias:
-            count += self.hidden
-        if self.mlp_bias:
-            count += 2 * self.intermediate + self.hidden
-        count += 2 * self.hidden  # the two RMSNorms
-        if self.qk_norm:
-            count += 2 * self.head_dim
-        return count
-
-    def decoder_parameters(self) -> int:
-        """The embedding, the layers and the final norm: all but an untied output head."""
-        return self.vocab * self.hidden + self.layers * self.layer_parameters() + self.hidden
-
-    def parameters(self) -> int:
-        return self.decoder_parameters() + (0 if self.tied else self.vocab * self.hidden)
-
-    def _targets(self, lora: LoraConfig) -> list[str]:
-        targets = list(LINEAR_LAYERS) if lora.target_modules == "all-linear" else lora.target_modules
-        unknown = sorted(set(targets) - set(LINEAR_LAYERS))
-        if unknown:
-            raise PlanError(
-                f"learner.lora.target_modules names {unknown}, which the memory plan does not count; it counts "
-                f"{', '.join(LINEAR_LAYERS)} (or all-linear)"
-            )
-        return targets
-
-    def lora_parameters(self, lora: LoraConfig) -> int:
-        """Trainable parameters of LoRA adapters of rank ``lora.r`` on ``lora.target_modules``."""
-        shapes = self.linear_shapes()
-        return self.layers * sum(lora.r * sum(shapes[name]) for name in self._targets(lora))
-
-    def adapted_parameters(self, lora: LoraConfig) -> int:
-        """The weights of the linear layers LoRA adapts."""
-        shapes = self.linear_shapes()
-        return self.layers * sum(math.prod(shapes[name]) for name in self._targets(lora))
-
-    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        """Keys and values of one token position over every layer."""
-        return self.layers * 2 * self.kv_heads * self.head_dim * dtype_bytes
-
-    def activation_elements_per_token(self) -> int:
-        """Elements one layer keeps for the backward per token (see the module docstring)."""
-        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return 4 * h + 2 * q + 2 * kv + 4 * self.intermediate
+    """A run that does not fit, or one the plan cannot place (an actor that no node holds)."""
 
 
 # ------------------------------------------------------------------------------------------ the machine
@@ -660,7 +538,8 @@ def make_plan(config: Config, shape: Shape, hardware: Hardware, *, model: str) -
         model: a line naming the model and where its shape was read (for the output).
 
     Raises:
-        PlanError: a model, LoRA target or actor the plan cannot count or place.
+        ArchitectureError: a LoRA target ``shape`` does not count.
+        PlanError: an actor that no node holds.
     """
     placement = place(config, hardware)
     resolved = with_gpus(config, hardware.default_gpus)
@@ -753,6 +632,7 @@ def plan_for(config: Config, *, gpu_memory_gib: float | None = None, gpus_per_no
 
     Raises:
         ModelError: the model cannot be found (``read_architecture``).
+        ArchitectureError: a model or LoRA target that ``Shape`` does not count.
         PlanError: see ``make_plan``.
     """
     architecture = read_architecture(config.model.name)
@@ -774,8 +654,9 @@ def check_memory(config: Config) -> None:
         return
     try:
         plan = plan_for(config)
-    except PlanError as exc:
-        # The plan cannot count this run (e.g. another architecture): the run goes on, as before there was a plan.
+    except (ArchitectureError, PlanError) as exc:
+        # The plan cannot count or place this run (e.g. another architecture, or nodes of another size than
+        # assumed here; Ray's own check places it after start): it goes on, as before there was a plan.
         log.warning("no memory plan for this run; it starts unchecked", reason=str(exc))
         return
     check_fits(plan)

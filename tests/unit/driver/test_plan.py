@@ -13,12 +13,12 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
-from agentgym_rl.actors.architectures import published_shape, read_architecture
+from agentgym_rl.actors.architectures import ArchitectureError, Shape, published_shape, read_architecture
 from agentgym_rl.actors.models import load_model
 from agentgym_rl.configs import load_config
 from agentgym_rl.configs.schema import LoraConfig
 from agentgym_rl.driver.cli import PLAN_DOES_NOT_FIT, main
-from agentgym_rl.driver.plan import GIB, Hardware, Holder, Item, PlanError, Shape, check_memory, make_plan, place
+from agentgym_rl.driver.plan import GIB, Hardware, Holder, Item, check_memory, make_plan, place
 
 REPO = Path(__file__).resolve().parents[3]
 SETUPS = ["configs/gpu/one_gpu.yaml", "configs/gpu/one_node_8.yaml", "configs/gpu/two_nodes.yaml"]
@@ -101,9 +101,9 @@ def test_key_value_bytes_per_token_are_what_the_model_caches():
 
 
 def test_an_unknown_architecture_or_lora_target_names_what_the_plan_counts():
-    with pytest.raises(PlanError, match="llama, mistral, qwen2, qwen3"):
+    with pytest.raises(ArchitectureError, match="llama, mistral, qwen2, qwen3"):
         Shape.from_config(AutoConfig.for_model("gpt2"))
-    with pytest.raises(PlanError, match="lm_head"):
+    with pytest.raises(ArchitectureError, match="lm_head"):
         Shape.from_config(CONFIGS["tiny-random"]()).lora_parameters(LoraConfig(target_modules=["lm_head"]))
 
 
