@@ -560,7 +560,6 @@ def engine_section(run: Run) -> dict:
         for _ in range(rows)
     ]
     sampling = SamplingConfig(max_new_tokens=new, temperature=1.0)
-    engine.generate(prompts[:2], sampling, streams(0, 2))  # warm-up
 
     def timed(call):
         synchronize()
@@ -569,8 +568,6 @@ def engine_section(run: Run) -> dict:
         synchronize()
         return result, time.perf_counter() - started
 
-    turn1, engine_s = timed(lambda: engine.generate(prompts, sampling, streams(100, rows), list(range(rows))))
-    engine_tokens = sum(len(g.token_ids) for g in turn1)
     # transformers' own generate on the same prompts: left-padded, its own cache, exactly `new` tokens a row
     width = max(map(len, prompts))
     ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts], device=engine.device)
@@ -588,9 +585,24 @@ def engine_section(run: Run) -> dict:
         "temperature": 1.0,
         "pad_token_id": PAD,
     }
-    with torch.no_grad():
-        engine.model.generate(ids[:2], **{**hf_kwargs, "attention_mask": attention[:2]})  # warm-up
-        output, hf_s = timed(lambda: engine.model.generate(ids, **hf_kwargs))
+
+    def ours():
+        return engine.generate(prompts, sampling, streams(100, rows))
+
+    def theirs():
+        with torch.no_grad():
+            return engine.model.generate(ids, **hf_kwargs)
+
+    # Each side once at full size first (kernels chosen, the caching allocator grown), then alternately timed:
+    # whichever runs first on a fresh process pays for the device memory the other then reuses.
+    warm, _ = ours(), theirs()
+    ours_runs, theirs_runs = [], []
+    for _ in range(1 if run.quick else 2):
+        ours_runs.append(timed(ours))
+        theirs_runs.append(timed(theirs))
+    again, engine_s = min(ours_runs, key=lambda r: r[1])
+    output, hf_s = min(theirs_runs, key=lambda r: r[1])
+    engine_tokens = sum(len(g.token_ids) for g in again)
     hf_tokens = (output.shape[1] - width) * rows
     out = {
         "rows": rows,
@@ -598,8 +610,16 @@ def engine_section(run: Run) -> dict:
         "dtype": str(engine.model.dtype),
         "engine_tokens_per_s": round(engine_tokens / engine_s, 1),
         "transformers_generate_tokens_per_s": round(hf_tokens / hf_s, 1),
+        "timed_runs_each": len(ours_runs),
     }
     out["engine_over_generate"] = round(out["engine_tokens_per_s"] / out["transformers_generate_tokens_per_s"], 2)
+    # the same request and seeds, run again: identical rows, and how far apart the first token's log-probs are
+    # (the same context in both runs: any difference is the device's arithmetic, not the sampling)
+    out["same_seeds_rows_identical"] = sum(a.token_ids == b.token_ids for a, b in zip(warm, again)) / rows
+    out["same_seeds_first_logprob_max_abs_difference"] = max(
+        abs(a.logprobs[0] - b.logprobs[0]) for a, b in zip(warm, again)
+    )
+    turn1 = engine.generate(prompts, sampling, streams(100, rows), list(range(rows)))  # keeps each row's cache
     # turn 2: each row's prompt grows by its reply and 64 environment tokens
     env = [torch.randint(3, vocab, (64,), generator=generator).tolist() for _ in range(rows)]
     prompts2 = [p + g.token_ids + e for p, g, e in zip(prompts, turn1, env)]
@@ -608,13 +628,13 @@ def engine_section(run: Run) -> dict:
     out["turn2_reused_tokens"] = engine.stats["reused_tokens"] - before["reused_tokens"]
     out["turn2_prefill_tokens"] = engine.stats["prefill_tokens"] - before["prefill_tokens"]
     fresh, fresh_s = timed(lambda: engine.generate(prompts2, sampling, streams(200, rows)))
+    fresh_s = min(fresh_s, timed(lambda: engine.generate(prompts2, sampling, streams(200, rows)))[1])
     out["turn2_seconds_reuse_over_full_prefill"] = round(reuse_s / fresh_s, 3)
     out["turn2_rows_identical_reuse_vs_full_prefill"] = (
         sum(a.token_ids == b.token_ids for a, b in zip(reused, fresh)) / rows
     )
-    again = engine.generate(prompts, sampling, streams(100, rows))
-    out["same_seeds_rows_identical"] = sum(a.token_ids == b.token_ids for a, b in zip(turn1, again)) / rows
     alone = [engine.generate([prompts[i]], sampling, streams(100 + i, 1))[0] for i in range(min(rows, 4))]
+    # batch invariance: a row alone against the same row in the batch (bfloat16 kernels differ by batch shape)
     out["row_alone_vs_in_batch_identical"] = sum(a.token_ids == turn1[i].token_ids for i, a in enumerate(alone)) / len(
         alone
     )
@@ -683,8 +703,8 @@ def learner_7b_section(run: Run) -> dict:
     """A LoRA update of the Qwen2.5-7B shape, last: its model is built and written first (15 GB)."""
     if run.quick:
         return {"skipped": "the CPU tier has no 7B row"}
-    if run.check.left_s() < 200:
-        return {"skipped": f"{run.check.left_s():.0f} s of the budget left (200 needed)"}
+    if run.check.left_s() < 150:
+        return {"skipped": f"{run.check.left_s():.0f} s of the budget left (150 needed)"}
     rows = [("qwen2.5-7b_lora", "qwen2.5-7b", {"micro_batch_size": 2, "lora": LORA}, 8, 2048)]
     return learner_section(run, lambda _: rows, "learner_7b")
 
