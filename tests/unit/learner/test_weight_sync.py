@@ -196,9 +196,9 @@ def tokenizer():
 
 def learner_logprobs(learner, prompt: list[int], tokens: list[int]) -> torch.Tensor:
     """The learner's log-probabilities of ``tokens`` after ``prompt`` (temperature 1, no truncation)."""
-    ids = torch.tensor([prompt + tokens])
+    ids = torch.tensor([prompt + tokens], device=learner.device)
     with torch.no_grad():
-        logits = learner.policy(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+        logits = learner.policy(input_ids=ids).logits[0, len(prompt) - 1 : -1].float().cpu()
     return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(tokens)[:, None])[:, 0]
 
 
@@ -253,13 +253,15 @@ def test_broadcast_and_object_store_both_sample_the_learners_distribution(kind, 
         engine.close()
 
 
-def _engine_loads_shared(shared, results) -> None:
-    """In a second process on the GPU: a bfloat16 transformers engine loads ``shared``; puts its weights."""
+def _engine_loads_shared(shared, results, read) -> None:
+    """In a second process on the GPU: a bfloat16 transformers engine loads ``shared``; puts its weights and
+    stays until the parent has ``read`` them (the queue passes tensors as this process's shared memory)."""
     from agentgym_rl.actors.engines.transformers_engine import TransformersEngine
 
     engine = TransformersEngine(model_name=TINY_RANDOM, dtype="bfloat16", seed=0, stop_token_ids=[0], pad_token_id=0)
     received = engine.load_shared(shared)
     results.put((received, engine.weights_version, {n: t.cpu() for n, t in engine.model.state_dict().items()}))
+    read.wait(timeout=300)
 
 
 @pytest.mark.gpu
@@ -270,12 +272,13 @@ def test_an_engine_on_the_learners_gpu_loads_its_bf16_weights_by_cuda_ipc():
     )
     learner.update_batch(batch_of(seed=1))
     context = multiprocessing.get_context("spawn")
-    results = context.Queue()
+    results, read = context.Queue(), context.Event()
     shared = learner.share_weights()
     try:
-        receiver = context.Process(target=_engine_loads_shared, args=(shared, results))
+        receiver = context.Process(target=_engine_loads_shared, args=(shared, results, read))
         receiver.start()
         received, version, weights = results.get(timeout=300)
+        read.set()
         receiver.join(timeout=60)
     finally:
         learner.release_shared_weights()
