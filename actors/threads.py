@@ -1,9 +1,11 @@
-"""Torch threads per actor: as many as the CPUs Ray reserved for it.
+"""Torch threads per actor: on a GPU node, as many as the CPUs Ray reserved for it; on a CPU-only one, every core.
 
-Samplers, learners and env actors share a node's cores. An actor whose torch runs on every core of the
-node oversubscribes them as soon as a second one computes (eight samplers on a 16-core GPU node would run
-128 threads): each parallel region then waits for descheduled threads. An actor computes with the CPUs it
-reserved (``num_cpus``, rounded, at least 1) unless its config names a thread count.
+An actor that computes on a GPU uses its CPU threads for host-side work, and shares the node's cores with every
+other actor there: with torch on every core, eight samplers on a 16-core GPU node ran 128 threads, and each
+parallel region waited for descheduled ones. It takes the CPUs it reserved (``num_cpus``, rounded, at least 1).
+An actor that computes on the CPU takes every core, as before: in sync mode rollout and update take turns, so
+each phase computes on the whole machine (one thread per reserved CPU made the CPU quickstart's learner, which
+reserves 1 of 2 cores, compute on half of them). A thread count in the actor's config wins over both.
 """
 
 from __future__ import annotations
@@ -13,21 +15,28 @@ import os
 import torch
 
 
-def reserved_cpus() -> int:
-    """CPUs Ray reserved for the calling actor, rounded, at least 1; every core of this machine outside an
-    actor (a driver, a test, a process without Ray)."""
+def default_threads(reserved: float | None, on_gpu: bool, cores: int) -> int:
+    """The thread count of an actor that reserved ``reserved`` CPUs (None: outside an actor) and computes on a
+    GPU or not, on a node of ``cores`` cores (see the module docstring)."""
+    if reserved is None or not on_gpu:
+        return cores
+    return max(1, round(reserved))
+
+
+def reserved_cpus() -> float | None:
+    """CPUs Ray reserved for the calling actor; None outside an actor (a driver, a test, a process without Ray)."""
     try:
         import ray  # here, not at the top: the learner imports this module where Ray is not installed
     except ImportError:
-        return os.cpu_count() or 1
+        return None
     if not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
-        return os.cpu_count() or 1
-    return max(1, round(ray.get_runtime_context().get_assigned_resources().get("CPU", 0.0)))
+        return None
+    return ray.get_runtime_context().get_assigned_resources().get("CPU", 0.0)
 
 
 def set_torch_threads(configured: int) -> int:
-    """Give torch ``configured`` intra-op threads, or with 0 the CPUs reserved for this actor
-    (:func:`reserved_cpus`); returns the number set."""
-    threads = configured or reserved_cpus()
+    """Give torch ``configured`` intra-op threads, or with 0 :func:`default_threads` for this actor; returns the
+    number set."""
+    threads = configured or default_threads(reserved_cpus(), torch.cuda.is_available(), os.cpu_count() or 1)
     torch.set_num_threads(threads)
     return threads

@@ -144,9 +144,9 @@ class SamplerConfig(Section):
     num_threads: int = Field(
         0,
         ge=0,
-        description="torch intra-op threads; 0 = the CPUs Ray reserved for the actor (`num_cpus`, rounded, at "
-        "least 1), so actors sharing a node do not oversubscribe its cores. On a CPU-only node in sync mode, "
-        "where rollout and update take turns, setting it to the node's cores lets each phase use all of them.",
+        description="torch intra-op threads; 0 = on a GPU, the CPUs Ray reserved for the actor (`num_cpus`, "
+        "rounded, at least 1), so the actors sharing a GPU node do not oversubscribe its cores; on a CPU-only "
+        "node, every core (in sync mode rollout and update take turns, each on the whole machine).",
     )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling parameters.")
     env_timeout_s: float = Field(
@@ -314,9 +314,9 @@ class LearnerConfig(Section):
     num_threads: int = Field(
         0,
         ge=0,
-        description="torch intra-op threads; 0 = the CPUs Ray reserved for the actor (`num_cpus`, rounded, at "
-        "least 1), so actors sharing a node do not oversubscribe its cores. On a CPU-only node in sync mode, "
-        "where rollout and update take turns, setting it to the node's cores lets each phase use all of them.",
+        description="torch intra-op threads; 0 = on a GPU, the CPUs Ray reserved for the actor (`num_cpus`, "
+        "rounded, at least 1), so the actors sharing a GPU node do not oversubscribe its cores; on a CPU-only "
+        "node, every core (in sync mode rollout and update take turns, each on the whole machine).",
     )
 
     @model_validator(mode="after")

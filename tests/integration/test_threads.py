@@ -1,4 +1,5 @@
-"""Torch threads per actor on local Ray: the CPUs the actor reserved, unless its config names a count."""
+"""Torch threads per actor: on a GPU the CPUs the actor reserved, on a CPU-only node every core, unless its config
+names a count."""
 
 from __future__ import annotations
 
@@ -8,25 +9,37 @@ import pytest
 import ray
 import torch
 
-from agentgym_rl.actors.threads import reserved_cpus, set_torch_threads
+from agentgym_rl.actors.threads import default_threads, reserved_cpus, set_torch_threads
 
 
 class Probe:
-    def threads(self, configured: int) -> tuple[int, int]:
-        """What ``set_torch_threads(configured)`` returned, and what torch computes with afterwards."""
-        return set_torch_threads(configured), torch.get_num_threads()
+    def threads(self, configured: int) -> tuple[int, int, float | None]:
+        """What ``set_torch_threads(configured)`` returned, what torch computes with afterwards, and the CPUs
+        Ray reserved for this actor."""
+        return set_torch_threads(configured), torch.get_num_threads(), reserved_cpus()
 
 
-@pytest.mark.parametrize(("num_cpus", "configured", "expected"), [(1, 0, 1), (0.5, 0, 1), (2, 0, 2), (1, 3, 3)])
-def test_an_actor_gets_the_threads_of_the_cpus_it_reserved_or_those_its_config_names(
-    ray_local, num_cpus, configured, expected
+@pytest.mark.parametrize(
+    ("reserved", "on_gpu", "expected"),
+    [(1.0, True, 1), (0.5, True, 1), (2.0, True, 2), (2.4, True, 2), (1.0, False, 16), (None, True, 16)],
+)
+def test_a_gpu_actor_takes_its_reserved_cpus_and_a_cpu_actor_or_a_driver_every_core(reserved, on_gpu, expected):
+    assert default_threads(reserved, on_gpu, cores=16) == expected
+
+
+@pytest.mark.parametrize(("num_cpus", "configured"), [(1, 0), (0.5, 0), (1, 3)])
+def test_an_actor_sets_the_threads_its_config_names_or_the_default_for_what_it_reserved(
+    ray_local, num_cpus, configured
 ):
     probe = ray.remote(Probe).options(num_cpus=num_cpus).remote()
     try:
-        assert ray.get(probe.threads.remote(configured)) == (expected, expected)
+        threads, torch_threads, reserved = ray.get(probe.threads.remote(configured))
     finally:
         ray.kill(probe)
+    assert reserved == num_cpus  # what Ray reports is what the actor asked for
+    expected = configured or default_threads(reserved, torch.cuda.is_available(), os.cpu_count() or 1)
+    assert threads == torch_threads == expected
 
 
-def test_outside_an_actor_every_core_counts(ray_local):
-    assert reserved_cpus() == (os.cpu_count() or 1)
+def test_outside_an_actor_nothing_is_reserved(ray_local):
+    assert reserved_cpus() is None
