@@ -65,77 +65,17 @@ PEAK_BF16_TFLOPS = {
     "L4": 121.0,
 }
 
-# Architectures of the models the check builds (their published config.json fields); "tiny" is the CPU tier's.
-SHAPES = {
-    "smollm2-135m": (
-        "llama",
-        {
-            "vocab_size": 49152,
-            "hidden_size": 576,
-            "intermediate_size": 1536,
-            "num_hidden_layers": 30,
-            "num_attention_heads": 9,
-            "num_key_value_heads": 3,
-            "max_position_embeddings": 8192,
-            "rope_theta": 100000.0,
-            "tie_word_embeddings": True,
-        },
-    ),
-    "qwen2.5-0.5b": (
-        "qwen2",
-        {
-            "vocab_size": 151936,
-            "hidden_size": 896,
-            "intermediate_size": 4864,
-            "num_hidden_layers": 24,
-            "num_attention_heads": 14,
-            "num_key_value_heads": 2,
-            "max_position_embeddings": 32768,
-            "rope_theta": 1e6,
-            "tie_word_embeddings": True,
-        },
-    ),
-    "qwen2.5-1.5b": (
-        "qwen2",
-        {
-            "vocab_size": 151936,
-            "hidden_size": 1536,
-            "intermediate_size": 8960,
-            "num_hidden_layers": 28,
-            "num_attention_heads": 12,
-            "num_key_value_heads": 2,
-            "max_position_embeddings": 32768,
-            "rope_theta": 1e6,
-            "tie_word_embeddings": True,
-        },
-    ),
-    "qwen2.5-7b": (
-        "qwen2",
-        {
-            "vocab_size": 152064,
-            "hidden_size": 3584,
-            "intermediate_size": 18944,
-            "num_hidden_layers": 28,
-            "num_attention_heads": 28,
-            "num_key_value_heads": 4,
-            "max_position_embeddings": 32768,
-            "rope_theta": 1e6,
-            "tie_word_embeddings": False,
-        },
-    ),
-    "tiny": (
-        "llama",
-        {
-            "vocab_size": 512,
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "num_key_value_heads": 1,
-            "max_position_embeddings": 4096,
-            "tie_word_embeddings": True,
-        },
-    ),
+# The CPU tier's model; the GPU tier builds the published shapes of ``actors.architectures.PUBLISHED_SHAPES``.
+TINY = {
+    "model_type": "llama",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": True,
 }
 PAD, EOS = 0, 1
 AGREEMENT_RTOL = 1e-3  # loss and gradient norm, float32 on the device against float32 on the CPU
@@ -245,10 +185,17 @@ def peak_tflops(device: torch.device, given: float | None) -> float | None:
     return next((peak for key, peak in PEAK_BF16_TFLOPS.items() if key in name), None)
 
 
+def shape_fields(shape: str) -> dict:
+    """The config fields of ``shape``: ``tiny``, or a published model's (e.g. ``Qwen2.5-1.5B``)."""
+    from agentgym_rl.actors.architectures import PUBLISHED_SHAPES
+
+    return TINY if shape == "tiny" else PUBLISHED_SHAPES[shape]
+
+
 def flops_per_token(shape: str, sequence: int) -> float:
     """Model FLOPs of one token's forward and backward: 6 x parameters (less the input embedding, a lookup)
     plus causal attention's 6 x layers x sequence x hidden (scores and values, half the square)."""
-    fields = SHAPES[shape][1]
+    fields = shape_fields(shape)
     hidden, layers, vocab = fields["hidden_size"], fields["num_hidden_layers"], fields["vocab_size"]
     head = hidden // fields["num_attention_heads"]
     kv = fields["num_key_value_heads"] * head
@@ -262,16 +209,15 @@ def flops_per_token(shape: str, sequence: int) -> float:
 # ----------------------------------------------------------------------------------------------- building
 
 
-def build_model(shape: str, folder: Path, device: torch.device) -> str:
-    """A model of ``shape`` with seeded random weights, saved in bfloat16 with a word-level tokenizer (pad 0,
-    eos 1) to ``folder``; returns the folder, which the project's loaders take as a model name."""
+def build_model(shape: str, folder: Path, device: torch.device, vocab_size: int | None = None) -> str:
+    """A model of ``shape`` (with ``vocab_size`` ids, if given) with seeded random weights, saved in bfloat16 with
+    a word-level tokenizer (pad 0, eos 1) to ``folder``; returns the folder, which the project's loaders take as
+    a model name."""
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config
+    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    kind, fields = SHAPES[shape]
-    config = (LlamaConfig if kind == "llama" else Qwen2Config)(
-        **fields, bos_token_id=EOS, eos_token_id=EOS, pad_token_id=PAD
-    )
+    fields = {**shape_fields(shape), **({"vocab_size": vocab_size} if vocab_size else {})}
+    config = AutoConfig.for_model(**fields, bos_token_id=EOS, eos_token_id=EOS, pad_token_id=PAD)
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
@@ -402,7 +348,7 @@ class Run:
         return "tiny" if self.quick else shape
 
     def vocab(self, shape: str) -> int:
-        return SHAPES[self.shape(shape)][1]["vocab_size"]
+        return shape_fields(self.shape(shape))["vocab_size"]
 
 
 def env_section(run: Run) -> dict:
@@ -445,20 +391,20 @@ def learner_rows(run: Run) -> list[tuple[str, str, dict, int, int]]:
             ("lora_reference", "tiny", {"micro_batch_size": 4, "lora": LORA, "kl_coef": 0.001}, 8, 96),
         ]
     return [
-        ("smollm2-135m_full", "smollm2-135m", {"micro_batch_size": 8}, 32, 2048),
-        ("smollm2-135m_lora", "smollm2-135m", {"micro_batch_size": 8, "lora": LORA}, 32, 2048),
-        ("qwen2.5-0.5b_full", "qwen2.5-0.5b", {"micro_batch_size": 4}, 16, 2048),
-        ("qwen2.5-0.5b_lora", "qwen2.5-0.5b", {"micro_batch_size": 4, "lora": LORA}, 16, 2048),
-        ("qwen2.5-0.5b_full_entropy", "qwen2.5-0.5b", {"micro_batch_size": 4, "entropy_coef": 0.001}, 16, 2048),
+        ("SmolLM2-135M_full", "SmolLM2-135M", {"micro_batch_size": 8}, 32, 2048),
+        ("SmolLM2-135M_lora", "SmolLM2-135M", {"micro_batch_size": 8, "lora": LORA}, 32, 2048),
+        ("Qwen2.5-0.5B_full", "Qwen2.5-0.5B", {"micro_batch_size": 4}, 16, 2048),
+        ("Qwen2.5-0.5B_lora", "Qwen2.5-0.5B", {"micro_batch_size": 4, "lora": LORA}, 16, 2048),
+        ("Qwen2.5-0.5B_full_entropy", "Qwen2.5-0.5B", {"micro_batch_size": 4, "entropy_coef": 0.001}, 16, 2048),
         (
-            "qwen2.5-0.5b_lora_reference",
-            "qwen2.5-0.5b",
+            "Qwen2.5-0.5B_lora_reference",
+            "Qwen2.5-0.5B",
             {"micro_batch_size": 4, "lora": LORA, "kl_coef": 0.001},
             16,
             2048,
         ),
-        ("qwen2.5-1.5b_full", "qwen2.5-1.5b", {"micro_batch_size": 4}, 16, 2048),
-        ("qwen2.5-1.5b_lora", "qwen2.5-1.5b", {"micro_batch_size": 4, "lora": LORA}, 16, 2048),
+        ("Qwen2.5-1.5B_full", "Qwen2.5-1.5B", {"micro_batch_size": 4}, 16, 2048),
+        ("Qwen2.5-1.5B_lora", "Qwen2.5-1.5B", {"micro_batch_size": 4, "lora": LORA}, 16, 2048),
     ]
 
 
@@ -505,8 +451,8 @@ def learner_section(run: Run, rows_of=learner_rows, section: str = "learner") ->
 
 def agreement_section(run: Run) -> dict:
     """One float32 update of the SmolLM2 shape on the device and on the CPU, same weights and batch."""
-    model = run.model("smollm2-135m")
-    batch = synthetic_batch(8, 96 if run.quick else 512, run.vocab("smollm2-135m"), seed=2)
+    model = run.model("SmolLM2-135M")
+    batch = synthetic_batch(8, 96 if run.quick else 512, run.vocab("SmolLM2-135M"), seed=2)
     out = {}
     for side, device in (("device", str(run.device)), ("cpu", "cpu")):
         learner = make_learner(model, device, precision="float32", micro_batch_size=4, old_logprobs="recompute")
@@ -540,7 +486,7 @@ def engine_section(run: Run) -> dict:
     from agentgym_rl.actors.engines import make_engine
     from agentgym_rl.configs.schema import SamplingConfig
 
-    shape = "qwen2.5-0.5b"
+    shape = "Qwen2.5-0.5B"
     model, vocab = run.model(shape), run.vocab(shape)
     engine = make_engine(
         "transformers",
@@ -657,7 +603,7 @@ def logprobs_section(run: Run) -> dict:
         logprobs = [0.0] * len(p1) + r1.logprobs + [0.0] * len(env) + r2.logprobs
         episodes.append(trajectory(ids, mask, logprobs, i // 4, float(i % 2)))
     learner = make_learner(
-        run.model("qwen2.5-0.5b"), str(run.device), precision="auto", micro_batch_size=4, old_logprobs="recompute"
+        run.model("Qwen2.5-0.5B"), str(run.device), precision="auto", micro_batch_size=4, old_logprobs="recompute"
     )
     batch = learner.prepare(episodes)
     mask = batch["loss_mask"].bool()
@@ -677,7 +623,7 @@ def publish_section(run: Run) -> dict:
     engine = run.shared["engine"]
     out = {}
     for name, settings in (("full", {}), ("lora", {"lora": LORA})):
-        learner = make_learner(run.model("qwen2.5-0.5b"), str(run.device), precision="auto", **settings)
+        learner = make_learner(run.model("Qwen2.5-0.5B"), str(run.device), precision="auto", **settings)
         synchronize()
         started = time.perf_counter()
         payload = learner.weights_payload()
@@ -705,7 +651,7 @@ def learner_7b_section(run: Run) -> dict:
         return {"skipped": "the CPU tier has no 7B row"}
     if run.check.left_s() < 150:
         return {"skipped": f"{run.check.left_s():.0f} s of the budget left (150 needed)"}
-    rows = [("qwen2.5-7b_lora", "qwen2.5-7b", {"micro_batch_size": 2, "lora": LORA}, 8, 2048)]
+    rows = [("Qwen2.5-7B_lora", "Qwen2.5-7B", {"micro_batch_size": 2, "lora": LORA}, 8, 2048)]
     return learner_section(run, lambda _: rows, "learner_7b")
 
 
@@ -780,9 +726,7 @@ def colocated_section(run: Run, tokenizer: Path | None, iterations: int) -> dict
 
     source = tokenizer or model_dir("tiny-random")
     vocabulary = len(AutoTokenizer.from_pretrained(source, local_files_only=True))
-    kind, fields = SHAPES[run.shape("qwen2.5-0.5b")]
-    SHAPES["colocated"] = (kind, {**fields, "vocab_size": vocabulary})
-    model = Path(build_model("colocated", run.work / "colocated", run.device))
+    model = Path(build_model(run.shape("Qwen2.5-0.5B"), run.work / "colocated", run.device, vocabulary))
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"):
         if (Path(source) / name).exists():
             (model / name).write_bytes((Path(source) / name).read_bytes())
