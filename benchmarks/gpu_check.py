@@ -569,11 +569,13 @@ def engine_section(run: Run) -> dict:
     # turn 2: each row's prompt grows by its reply and 64 environment tokens
     env = [torch.randint(3, vocab, (64,), generator=generator).tolist() for _ in range(rows)]
     prompts2 = [p + g.token_ids + e for p, g, e in zip(prompts, turn1, env)]
+    # A full prefill at the second turn's width first (the allocator grows for it), then the call that reuses the
+    # first turn's cache, then the full prefill again (the faster of the two counts)
+    fresh, fresh_s = timed(lambda: engine.generate(prompts2, sampling, streams(200, rows)))
     before = dict(engine.stats)
     reused, reuse_s = timed(lambda: engine.generate(prompts2, sampling, streams(200, rows), list(range(rows))))
     out["turn2_reused_tokens"] = engine.stats["reused_tokens"] - before["reused_tokens"]
     out["turn2_prefill_tokens"] = engine.stats["prefill_tokens"] - before["prefill_tokens"]
-    fresh, fresh_s = timed(lambda: engine.generate(prompts2, sampling, streams(200, rows)))
     fresh_s = min(fresh_s, timed(lambda: engine.generate(prompts2, sampling, streams(200, rows)))[1])
     out["turn2_seconds_reuse_over_full_prefill"] = round(reuse_s / fresh_s, 3)
     out["turn2_rows_identical_reuse_vs_full_prefill"] = (
