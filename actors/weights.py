@@ -38,9 +38,10 @@ def pack_state_dict(
     dtypes: dict[str, str] = {}
     cast = getattr(torch, dtype) if dtype is not None else None
     for name, tensor in state_dict.items():
-        tensor = tensor.detach().cpu()
+        tensor = tensor.detach()
         if cast is not None and tensor.is_floating_point():
-            tensor = tensor.to(cast)
+            tensor = tensor.to(cast)  # where the tensor is: a GPU sends the host half of float32's bytes
+        tensor = tensor.cpu()
         dtypes[name] = str(tensor.dtype).removeprefix("torch.")
         if tensor.dtype == torch.bfloat16:
             tensor = tensor.view(torch.int16)
