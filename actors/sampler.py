@@ -83,6 +83,8 @@ class SamplerActor:
         hide_unreserved_gpus()
         set_torch_threads(sampler.num_threads)
         return_large_frees_to_the_os()
+        self.events = Timeline()
+        self.events.add("starting")  # before the engine loads (colocated: after the learner is ready)
         self.index = index
         self.config = sampler
         self.env_config = env
@@ -102,7 +104,6 @@ class SamplerActor:
             adapter=model.adapter,
             vllm=sampler.vllm,
         )
-        self.events = Timeline()
         # Each episode attempt gets its own key: the engine keeps its keys/values between turns.
         self.episode_keys = itertools.count()
         count = sampler.envs_per_sampler if env_actors is None else env_actors

@@ -136,6 +136,9 @@ class Trainer(ABC):
         self.slots = [self._new_slot(i, entry, n) for i, (entry, n) in enumerate(zip(entries, shares, strict=True))]
         plans = plan_run(cfg)
         self._start_learners()
+        # Colocated, each learner is ready (its weights and CUDA context on the GPU) before its sampler starts:
+        # the engine then sizes its cache from the memory the learner left, never while the learner loads.
+        described = self._describe_learner() if cfg.trainer.placement == "colocated" else None
         for slot, plan in zip(self.slots, plans, strict=True):
             slot.pool.bundles = self.learner_group.colocation  # colocated mode: sampler i in learner i's bundle
             try:
@@ -144,7 +147,7 @@ class Trainer(ABC):
                 raise TrainError(str(exc)) from exc
         # Where a learner restart goes back to while no checkpoint exists.
         self.initial_state = self._env_states()
-        described = self._describe_learner()
+        described = described or self._describe_learner()
         if self.mixed:
             described["tasks_per_env"] = {slot.name: slot.schedule.per_iteration for slot in self.slots}
         tokens_per_iteration = (
@@ -167,9 +170,10 @@ class Trainer(ABC):
         self.weight_group_members = None  # new learners: the next broadcast forms a new group
 
     def _describe_learner(self) -> dict:
-        """Rank 0's description (algorithm, precision, parameters, ...) for the start-up log."""
+        """Rank 0's description (algorithm, precision, parameters, ...) for the start-up log, once every learner
+        has started."""
         try:
-            described = ray.get(self.learner.describe.remote())
+            described = ray.get([learner.describe.remote() for learner in self.learners])[0]
         except ray.exceptions.RayActorError as exc:
             raise self._learner_died("start-up", exc) from exc
         self.learner_device = described["device"].partition(":")[0]

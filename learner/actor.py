@@ -209,6 +209,7 @@ class LearnerActor:
         self.compute_critic = compute["critic"] if self.critic is not None else None
         self.shuffle = torch.Generator().manual_seed(seed)
         self.version = 0
+        self.events.add("ready")
 
     def describe(self) -> dict:
         """Derived numbers logged once at start."""
