@@ -9,7 +9,7 @@ raises its matching exception (``BadRequestError`` for 400, ``AuthenticationErro
 | 400 | invalid JSON, a bad or unknown field (``param`` names it), a limit exceeded (``max_tokens``, ``n``, prompt) |
 | 401 | missing or wrong API key |
 | 404 | unknown model, env or route |
-| 405 | a route called with the wrong method |
+| 405 | a route called with a method it does not take (``Allow`` names those it takes) |
 | 413 | request body over ``serve.max_body_bytes`` |
 | 429 | the replica holds its most requests (``serve.max_batch_size + serve.max_queued_requests``) |
 | 503 | the model is still loading (with ``Retry-After``) |
@@ -19,6 +19,7 @@ raises its matching exception (``BadRequestError`` for 400, ``AuthenticationErro
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 import structlog
 from fastapi import FastAPI, Request
@@ -83,8 +84,15 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
     return {"error": {"message": message, "type": TYPES.get(status, "server_error"), "param": param, "code": code}}
 
 
-def error_response(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
-    headers = {}
+def error_response(
+    status: int,
+    message: str,
+    param: str | None = None,
+    code: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
+    """The error answer; ``headers`` go along (a 405's ``Allow``), beside those its status implies."""
+    headers = dict(headers or {})
     if status == 401:
         headers["WWW-Authenticate"] = "Bearer"
     if status in (429, 503):
@@ -135,7 +143,13 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:
         if exc.status_code == 404:
             return error_response(404, f"no route {request.method} {request.url.path}; {ROUTES}", code="not_found")
-        return error_response(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
+        # Starlette's own headers go along: a 405 names the methods the route takes in `Allow`.
+        where = f"{request.method} {request.url.path}"
+        allowed = (exc.headers or {}).get("Allow")
+        if exc.status_code == 405 and allowed:
+            message = f"{where}: method not allowed; this route takes {allowed}"
+            return error_response(405, message, code="method_not_allowed", headers=exc.headers)
+        return error_response(exc.status_code, f"{where}: {exc.detail}", headers=exc.headers)
 
     @app.exception_handler(QueueFullError)
     async def _busy(_: Request, exc: Exception) -> JSONResponse:

@@ -12,9 +12,11 @@ MAX_STOP_STRINGS = 4  # OpenAI's limit on `stop`
 
 
 class Body(BaseModel):
-    """Base of every request body: an unknown field is a 400 that names it (OpenAI does the same)."""
+    """Base of every request body: an unknown field is a 400 that names it (OpenAI does the same), and so is a
+    value of the wrong JSON type: strict validation reads no boolean or string as a number (`"seed": "7"`,
+    `"max_tokens": true`) and no string or number as a boolean; a JSON integer is still a valid float."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class ChatMessage(Body):
@@ -60,7 +62,7 @@ class StreamOptions(Body):
 class ChatCompletionRequest(Body):
     """The chat-completions fields this server honours; ``null`` means the default, as in OpenAI's API."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"allOf": CHAT_RULES})
+    model_config = ConfigDict(json_schema_extra={"allOf": CHAT_RULES})
 
     model: str = Field(description="Served model id (see GET /v1/models).")
     messages: list[ChatMessage] = Field(min_length=1, description="The conversation so far.")
@@ -304,7 +306,6 @@ class EpisodeReward(Body):
     """Close an episode with one outcome reward (given to its last turn) or one reward per turn."""
 
     model_config = ConfigDict(
-        extra="forbid",
         json_schema_extra={
             "oneOf": [
                 {"properties": {"reward": {"type": "number"}}, "required": ["reward"]},

@@ -3,7 +3,7 @@
 The bodies are as tolerant as AgentGym's own FastAPI models: ids and task indices may arrive as
 JSON strings of digits (``"id": "0"``), and fields a body does not define are ignored. Values that
 cannot be read as what they name (``"data_idx": "one"``, ``1.5``, an action that is not text) are
-still refused with 422.
+still refused with 422; a body that is not UTF-8 JSON text, with 400.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class ErrorBody(BaseModel):
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": description}
     for status, description in {
-        400: "a body that is not JSON text",
+        400: "a body that is not JSON text: not UTF-8 (RFC 8259), or JSON that does not parse",
         401: "missing or wrong bearer token (when the server has one)",
         404: "unknown or closed env id, or a task (id, goal) the env does not have",
         405: "the route does not take this method",

@@ -8,10 +8,13 @@ addition, which AgentGym's clients ignore. ``envs.http.server`` documents the sh
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Annotated, Any
 
-from fastapi import APIRouter, Body, Query
+from fastapi import APIRouter, Body, Query, Request, Response
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException
 
 from agentgym_rl.envs.base import TextEnv
 from agentgym_rl.envs.http.models import (
@@ -33,9 +36,44 @@ if TYPE_CHECKING:
     from agentgym_rl.envs.textcraft import TextCraftEnv
 
 
+class JSONTextRequest(Request):
+    """A request whose body is read as JSON text (RFC 8259): UTF-8 that parses, else 400 naming what is wrong.
+    ``json.loads`` alone would also read UTF-16 and UTF-32 bodies, and FastAPI answers JSON that does not parse
+    with 422, the status this server keeps for a well-formed body with a missing or mistyped field."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            body = await self.body()
+            try:
+                self._json = json.loads(body.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                raise HTTPException(400, f"the body is not UTF-8 JSON text: byte {exc.start} is not UTF-8") from exc
+            except json.JSONDecodeError as exc:
+                raise HTTPException(400, f"the body is not JSON: {exc}") from exc
+            except RecursionError as exc:
+                raise HTTPException(400, "the body is not JSON this server reads: it nests too deep") from exc
+        return self._json
+
+
+class JSONTextRoute(APIRoute):
+    """A route that reads its body with :class:`JSONTextRequest`."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def read_json_text(request: Request) -> Response:
+            return await handler(JSONTextRequest(request.scope, request.receive))
+
+        return read_json_text
+
+
+def _router() -> APIRouter:
+    return APIRouter(route_class=JSONTextRoute)
+
+
 def agentgym_routes(service: EnvService) -> APIRouter:
     """The common protocol, in the shapes of AgentGym's BabyAI server."""
-    router = APIRouter()
+    router = _router()
 
     @router.post("/create")
     async def create() -> dict[str, int]:
@@ -69,7 +107,7 @@ def agentgym_routes(service: EnvService) -> APIRouter:
 def textcraft_routes(service: EnvService) -> APIRouter:
     """AgentGym's TextCraft server: ``/create`` answers with the first observation, ``/commands`` and
     ``/goal`` read the running episode."""
-    router = APIRouter()
+    router = _router()
 
     @router.post("/create")
     async def create(body: Annotated[TextCraftCreateRequest | None, Body()] = None) -> dict[str, Any]:
@@ -121,7 +159,7 @@ def textcraft_routes(service: EnvService) -> APIRouter:
 
 def sciworld_routes(service: EnvService) -> APIRouter:
     """AgentGym's SciWorld server: ``/reset`` names the task, reward and score are on the 0-100 scale."""
-    router = APIRouter()
+    router = _router()
 
     @router.post("/create")
     async def create() -> dict[str, int]:
@@ -165,7 +203,7 @@ def sciworld_routes(service: EnvService) -> APIRouter:
 
 def searchqa_routes(service: EnvService) -> APIRouter:
     """Deep Search's ``env_idx`` variant (AgentGym's SearchQA server)."""
-    router = APIRouter()
+    router = _router()
 
     @router.post("/create")
     async def create(body: Annotated[SearchCreateRequest | None, Body()] = None) -> int:
@@ -201,7 +239,7 @@ def searchqa_routes(service: EnvService) -> APIRouter:
 def webarena_routes(service: EnvService) -> APIRouter:
     """AgentGym's WebArena server: ``env_idx`` bodies, ``/reset {env_idx, seed, idx}``, ``terminated`` and
     ``truncated`` instead of ``done``."""
-    router = APIRouter()
+    router = _router()
 
     @router.post("/create")
     async def create() -> dict[str, int]:

@@ -44,7 +44,7 @@ in a step body hands the text to the env unchanged.
 
 Errors are JSON ``{"error": message}`` with a 4xx/5xx status, never 200: wrong bearer token 401,
 unknown or closed id or a task the env does not have 404, step before reset or after the episode ended 409,
-action too long 413, malformed body 422 (400 for bytes that are not JSON text), too many live envs
+action too long 413, a body that is not UTF-8 JSON text 400, a missing or mistyped field 422, too many live envs
 429, an env that raised unexpectedly 500, an env that cannot start here (e.g. no Java runtime) 503.
 Env calls run in a thread pool, one at a time per env, so a slow env does not stall the others.
 """
@@ -124,7 +124,11 @@ def build_app(env_name: str, options: dict[str, Any] | None = None, max_envs: in
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         # Starlette's own headers go along (a 405 names the methods the route takes in `Allow`).
-        return AsciiJSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+        message = str(exc.detail)
+        allowed = (exc.headers or {}).get("Allow")
+        if exc.status_code == 405 and allowed:
+            message = f"{request.method} {request.url.path}: method not allowed; this route takes {allowed}"
+        return AsciiJSONResponse({"error": message}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -180,7 +180,14 @@ BAD_REQUESTS = [
     ("post", "/step", {"json": {"id": "{env}", "action": 7}}, 422, ("action",)),
     ("post", "/step", {"json": {"id": "{env}", "act": "turn left"}}, 422, ("action",)),
     ("post", "/step", {"json": ["turn left"]}, 422, ("malformed",)),
-    ("post", "/step", {"content": b'{"id": 0, "action": ', "headers": {"content-type": "application/json"}}, 422, ()),
+    ("post", "/step", {"content": b'{"id": 0, "action": ', "headers": {"content-type": "application/json"}}, 400, ()),
+    (
+        "post",
+        "/step",
+        {"content": '{"id": 0, "action": "x"}'.encode("utf-16"), "headers": {"content-type": "application/json"}},
+        400,
+        ("UTF-8",),
+    ),
     (
         "post",
         "/step",
