@@ -17,6 +17,7 @@ from typing import Literal
 
 import ray
 import structlog
+from typing_extensions import override
 
 from agentgym_rl.actors.rundir import RunDir
 from agentgym_rl.actors.trajectory import Trajectory
@@ -82,8 +83,8 @@ class AgentEvolTrainer(Trainer):
 
     def _evaluate(self, round_index: int, tasks: list[int]) -> float:
         """Success rate of the current policy on ``tasks``, one episode each, through the sampler pool."""
-        pending = self._launch_groups(round_index, [tasks], first_group=EVAL_GROUP_OFFSET, group_size=1)
-        _, episodes = self._await_rollout(pending, round_index, None)
+        pending = self.rollouts.launch_groups(round_index, [tasks], first_group=EVAL_GROUP_OFFSET, group_size=1)
+        _, episodes = self.rollouts.await_rollout(pending, round_index, None)
         played = [t for t in episodes if not t.failed]
         return sum(t.success for t in played) / max(len(played), 1)
 
@@ -96,32 +97,34 @@ class AgentEvolTrainer(Trainer):
             kept += [ray.put(explored[i]) for i in filter_episodes(explored, self.evol.filter, self.evol.k)]
         return kept
 
+    @override
     def prepare(self, iteration: int) -> None:
         self.dataset = [ray.put(t) for t in self.seed_data] + self._kept_before(iteration)
 
+    @override
     def step(self, iteration: int, display: Display) -> Step:
         evol = self.evol
         started = time.perf_counter()
-        horizons = self._start_horizons(iteration)
-        refs, played = self._rollout(iteration, display.progress)
-        reports, _ = self._env_reports(played, horizons)
+        horizons = self.rollouts.start_horizons(iteration)
+        refs, played = self.rollouts.rollout(iteration, display.progress)
+        reports, _ = self.rollouts.env_reports(played, horizons)
         refs, explored, failed = split_failed(refs, played)
         rollout_s = time.perf_counter() - started
         kept = filter_episodes(explored, evol.filter, evol.k)
         self.dataset += [refs[i] for i in kept]
-        learner_metrics = self._update(self.dataset)
-        sync_s = self._sync_weights(iteration)
+        learner_metrics = self.learner_group.update(self.dataset)
+        sync_s = self.weights.sync(iteration)
         record = {
             "iteration": iteration,
             "horizon": max(horizons),
-            "weights_version": self.weights_version,
+            "weights_version": self.weights.version,
             **rollout_metrics(explored, failed),
             "agentevol/kept": float(len(kept)),
             "agentevol/dataset": float(len(self.dataset)),
             **learner_metrics,
             "time/rollout_s": rollout_s,
             "time/sync_s": sync_s,
-            "sync/bytes": self.sync_bytes if sync_s else 0,
+            "sync/bytes": self.weights.sent_bytes if sync_s else 0,
         }
         if self.test_tasks:
             record["eval/test_success_rate"] = self._evaluate(iteration, self.test_tasks)

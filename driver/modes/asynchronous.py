@@ -19,6 +19,7 @@ from pathlib import Path
 
 import ray
 import structlog
+from typing_extensions import override
 
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.driver.metrics import rollout_metrics, split_failed
@@ -58,6 +59,7 @@ class AsyncTrainer(Trainer):
     they were launched, so a resume replays those iterations (with their seeds) instead of skipping them.
     """
 
+    @override
     def prepare(self, iteration: int) -> None:
         # After a learner restart the rollouts in flight belong to iterations that are played again.
         self.inflight: deque[Launch] = deque()
@@ -65,28 +67,23 @@ class AsyncTrainer(Trainer):
         log.info("async training", max_staleness=self.config.trainer.max_staleness)
 
     def _launch(self, iteration: int) -> Launch:
-        schedule_states = self._schedule_states()
-        horizons = self._start_horizons(iteration)
-        return Launch(iteration, horizons, self._launch_rollout(iteration), schedule_states, time.perf_counter())
+        schedule_states = self.rollouts.task_draws()
+        horizons = self.rollouts.start_horizons(iteration)
+        return Launch(
+            iteration, horizons, self.rollouts.launch_rollout(iteration), schedule_states, time.perf_counter()
+        )
 
-    def _checkpoint(self, iterations_done: int) -> Path:
-        current = self._schedule_states()
+    @override
+    def save_checkpoint(self, iterations_done: int) -> Path:
+        current = self.rollouts.task_draws()
         if self.inflight:
-            self._load_schedule_states(self.inflight[0].schedule_states)
+            self.rollouts.load_task_draws(self.inflight[0].schedule_states)
         try:
-            return super()._checkpoint(iterations_done)
+            return super().save_checkpoint(iterations_done)
         finally:
-            self._load_schedule_states(current)
+            self.rollouts.load_task_draws(current)
 
-    def _schedule_states(self) -> list[dict]:
-        """Each env's task draw, in env order."""
-        return [slot.schedule.state() for slot in self.slots]
-
-    def _load_schedule_states(self, states: list[dict]) -> None:
-        """Put back what ``_schedule_states`` returned."""
-        for slot, state in zip(self.slots, states, strict=True):
-            slot.schedule.load_state(state)
-
+    @override
     def step(self, iteration: int, display: Display) -> Step:
         cfg = self.config
         depth = cfg.trainer.max_staleness
@@ -95,28 +92,28 @@ class AsyncTrainer(Trainer):
             self.next_launch += 1
         launch = self.inflight.popleft()
         waited = time.perf_counter()
-        refs, trajectories = self._await_rollout(launch.pending, iteration, display.progress)
+        refs, trajectories = self.rollouts.await_rollout(launch.pending, iteration, display.progress)
         rollout_wait_s = time.perf_counter() - waited
         rollout_s = time.perf_counter() - launch.started
         lost = [t for t in trajectories if t.failed]
         refs, trajectories, failed = split_failed(refs, trajectories)
-        learner_version = self.weights_version
+        learner_version = self.weights.version
         refs, trajectories, dropped = drop_stale(refs, trajectories, learner_version, depth)
         # per env over the same episodes as the overall keys: the kept ones (and the failed, counted)
-        reports, env_keys = self._env_reports([*trajectories, *lost], launch.horizons)
+        reports, env_keys = self.rollouts.env_reports([*trajectories, *lost], launch.horizons)
         update_started = time.perf_counter()
-        updates = self._start_update(refs) if refs else []
+        updates = self.learner_group.start_update(refs) if refs else []
         # The next rollouts start before the update is awaited: this is the overlap.
         while len(self.inflight) < depth and self.next_launch < cfg.trainer.iterations:
             self.inflight.append(self._launch(self.next_launch))
             self.next_launch += 1
-        learner_metrics = self._finish_update(updates) if updates else {}
+        learner_metrics = self.learner_group.finish_update(updates) if updates else {}
         update_wait_s = time.perf_counter() - update_started
-        sync_s = self._sync_weights(iteration)
+        sync_s = self.weights.sync(iteration)
         record = {
             "iteration": iteration,
             "horizon": max(launch.horizons),
-            "weights_version": self.weights_version,
+            "weights_version": self.weights.version,
             **rollout_metrics(trajectories, failed),
             **env_keys,
             "rollout/dropped_stale": float(dropped),
@@ -127,7 +124,7 @@ class AsyncTrainer(Trainer):
             "time/rollout_wait_s": rollout_wait_s,
             "time/update_wait_s": update_wait_s,
             "time/sync_s": sync_s,
-            "sync/bytes": self.sync_bytes if sync_s else 0,
+            "sync/bytes": self.weights.sent_bytes if sync_s else 0,
             "time/iteration_s": rollout_wait_s + update_wait_s + sync_s,
         }
         return Step(record, trajectories, reports, {"dropped_stale": dropped, "failed": failed})

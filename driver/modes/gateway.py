@@ -17,8 +17,8 @@ from collections import defaultdict
 
 import ray
 import structlog
+from typing_extensions import override
 
-from agentgym_rl.actors.models import model_dir
 from agentgym_rl.actors.rundir import RunDir
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.configs import Config
@@ -31,24 +31,21 @@ log = structlog.get_logger()
 class GatewayTrainer(Trainer):
     """Learners and the endpoint only: no samplers, env actors or curriculum (the clients play)."""
 
+    plays_episodes = False
+
     def __init__(self, config: Config, run_dir: RunDir, *, resume: bool = False) -> None:
         super().__init__(config, run_dir, resume=resume)
         self.waiting: dict[str, list[Trajectory]] = defaultdict(list)  # harvested episodes by group key
 
-    def _start_actors(self) -> None:
-        model_dir(self.config.model.name)
-        self.slots = []
-        self._start_learners()
-        self.initial_state = self._env_states()
-        log.info("actors ready", **self._describe_learner())
-
-    def _env_states(self) -> dict:
+    @override
+    def checkpoint_state(self) -> dict:
         """The harvested episodes still waiting for the rest of their group (they have left the endpoint's book,
         so the checkpoint is the only place they survive a restart)."""
         return {"waiting": {key: [t.model_dump(mode="json") for t in members] for key, members in self.waiting.items()}}
 
-    def _load_env_states(self, state: dict) -> None:
-        """Restore the waiting episodes ``_env_states`` stored. After a learner restart this process still holds
+    @override
+    def load_checkpoint_state(self, state: dict) -> None:
+        """Restore the waiting episodes ``checkpoint_state`` stored. After a learner restart this process still holds
         the episodes harvested since that checkpoint: they wait too, after the checkpoint's (an episode trained
         on after the checkpoint and harvested after it is gone with the update that used it). Episodes still in
         the book of an endpoint that stopped (open, or closed and not harvested) are not part of a checkpoint."""
@@ -59,26 +56,28 @@ class GatewayTrainer(Trainer):
             restored[key] += [t for t in members if t not in restored[key]]
         self.waiting = restored
 
-    def _start_serving(self) -> None:
+    @override
+    def start_serving(self) -> None:
         # Imported here, as the base class imports Ray Serve: only runs that serve need it.
         from agentgym_rl.serve.app import APP_NAME
         from agentgym_rl.serve.deployment import STORE_NAMESPACE, episodes_name
 
-        super()._start_serving()
+        super().start_serving()
         self.book = ray.get_actor(episodes_name(APP_NAME), namespace=STORE_NAMESPACE)
 
+    @override
     def step(self, iteration: int, display: Display) -> Step:
         started = time.perf_counter()
         groups, dropped = self._collect(iteration)
         wait_s = time.perf_counter() - started
         # Groups are numbered per iteration, as in a rollout; each episode goes to the object store once.
         batch = [t.model_copy(update={"group": number}) for number, members in enumerate(groups) for t in members]
-        learner_metrics = self._update([ray.put(t) for t in batch])
-        sync_s = self._sync_weights(iteration) if learner_metrics.get("learner/optimizer_steps") else 0.0
+        learner_metrics = self.learner_group.update([ray.put(t) for t in batch])
+        sync_s = self.weights.sync(iteration) if learner_metrics.get("learner/optimizer_steps") else 0.0
         book = ray.get(self.book.stats.remote())
         record = {
             "iteration": iteration,
-            "weights_version": self.weights_version,
+            "weights_version": self.weights.version,
             **rollout_metrics(batch),
             **group_metrics(self.algorithm, batch),
             **learner_metrics,
@@ -87,7 +86,7 @@ class GatewayTrainer(Trainer):
             **{f"episodes/{key}": float(value) for key, value in book.items()},
             "time/rollout_s": wait_s,
             "time/sync_s": sync_s,
-            "sync/bytes": self.sync_bytes if sync_s else 0,
+            "sync/bytes": self.weights.sent_bytes if sync_s else 0,
             "time/iteration_s": time.perf_counter() - started,
         }
         return Step(record, batch, [], {"episodes": len(batch), "groups": len(groups)})
@@ -101,7 +100,7 @@ class GatewayTrainer(Trainer):
         dropped = 0
         while True:
             for key, trajectory in ray.get(self.book.harvest.remote()):
-                if trajectory.weights_version < self.weights_version - cfg.trainer.max_staleness:
+                if trajectory.weights_version < self.weights.version - cfg.trainer.max_staleness:
                     dropped += 1
                 else:
                     self.waiting[key].append(trajectory)

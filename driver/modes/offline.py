@@ -13,8 +13,8 @@ from collections import defaultdict
 
 import ray
 import structlog
+from typing_extensions import override
 
-from agentgym_rl.actors.models import model_dir
 from agentgym_rl.actors.rundir import RunDir
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.configs import Config
@@ -36,6 +36,8 @@ class OfflineTrainer(Trainer):
         resume: continue from the latest complete checkpoint in ``run_dir``.
     """
 
+    plays_episodes = False
+
     def __init__(self, config: Config, run_dir: RunDir, *, resume: bool = False) -> None:
         super().__init__(config, run_dir, resume=resume)
         data = [t for t in load_trajectories(config.data.files) if not t.failed]
@@ -48,19 +50,16 @@ class OfflineTrainer(Trainer):
         self.schedule = TaskSchedule(list(range(len(self.tasks))), config.trainer.tasks_per_iteration, config.run.seed)
         log.info("offline data", episodes=len(data), tasks=len(self.tasks), files=config.data.files)
 
-    def _start_actors(self) -> None:
-        model_dir(self.config.model.name)
-        self.slots = []
-        self._start_learners()
-        self.initial_state = self._env_states()
-        log.info("actors ready", **self._describe_learner())
-
-    def _env_states(self) -> dict:
+    @override
+    def checkpoint_state(self) -> dict:
+        """The draw of logged tasks."""
         return {"task_schedule": self.schedule.state()}
 
-    def _load_env_states(self, state: dict) -> None:
+    @override
+    def load_checkpoint_state(self, state: dict) -> None:
         self.schedule.load_state(state["task_schedule"])
 
+    @override
     def step(self, iteration: int, display: Display) -> Step:
         started = time.perf_counter()
         # Groups are numbered per iteration, as in a rollout; each episode is put in the object
@@ -70,14 +69,14 @@ class OfflineTrainer(Trainer):
             for group, task in enumerate(self.schedule.next())
             for t in self.tasks[task]
         ]
-        learner_metrics = self._update([ray.put(t) for t in batch])
-        sync_s = self._sync_weights(iteration)  # only a serving endpoint reads the weights
+        learner_metrics = self.learner_group.update([ray.put(t) for t in batch])
+        sync_s = self.weights.sync(iteration)  # only a serving endpoint reads the weights
         record = {
             "iteration": iteration,
             **rollout_metrics(batch),
             **learner_metrics,
             "time/sync_s": sync_s,
-            "sync/bytes": self.sync_bytes if sync_s else 0,
+            "sync/bytes": self.weights.sent_bytes if sync_s else 0,
             "time/iteration_s": time.perf_counter() - started,
         }
         return Step(record, batch, [], {"episodes": len(batch)})

@@ -243,7 +243,7 @@ def run_and_kill_learner(trainer: SyncTrainer, when: Callable[[], bool]) -> dict
     try:
         wait_for(lambda: when() or not thread.is_alive(), "the moment to kill the learner", 420)
         assert thread.is_alive(), f"the run ended before the kill: {outcome}"
-        killed = trainer.learner
+        killed = trainer.learner_group.rank0
         ray.kill(killed, no_restart=True)
         thread.join(timeout=420)
         assert not thread.is_alive(), "the run hangs after its learner was killed"
@@ -268,7 +268,7 @@ def test_a_killed_learner_is_restarted_from_the_last_checkpoint_under_restart(ra
     # Killed once the first checkpoint is complete, so there is one to go back to.
     outcome = run_and_kill_learner(trainer, when=lambda: trainer.run_dir.complete_checkpoints())
     assert "error" not in outcome, outcome
-    assert trainer.learner != outcome["killed"]
+    assert trainer.learner_group.rank0 != outcome["killed"]
     records = trainer.run_dir.read_metrics()
     assert [r["iteration"] for r in records] == [0, 1, 2]  # each exactly once
     # Iteration 0 (before the checkpoint) was kept, not played again; the rest ran after the restart.
@@ -282,7 +282,7 @@ GROUP_SCRIPT = """
 import json, sys
 import ray
 from agentgym_rl.configs import Config
-from agentgym_rl.driver.learners import start_learners
+from agentgym_rl.driver.learner_group import start_learners
 from tests.unit.learner.helpers import batch_of
 
 ray.init(address=sys.argv[1])

@@ -105,7 +105,7 @@ def test_colocated_mode_fits_8_learners_and_8_samplers_in_8_bundles_sharing_each
         """
         from agentgym_rl.actors.cluster import ClusterError
         from agentgym_rl.actors.pools import SamplerPool
-        from agentgym_rl.driver.learners import start_learners
+        from agentgym_rl.driver.learner_group import start_learners
         from agentgym_rl.driver.needs import plan_run
 
         def run_config(placement, count):

@@ -34,8 +34,10 @@ def test_a_broadcast_run_keeps_every_sampler_on_the_learners_version(ray_local, 
     run_dir = trainer.run_dir
     try:
         trainer.run()
-        states = ray.get([sampler.state.remote() for sampler in trainer.samplers])
-        published = ray.get(ray.get([lr.publish_weights.remote() for lr in trainer.learners])[0][0])
+        states = ray.get([sampler.state.remote() for sampler in trainer.rollouts.samplers])
+        published = ray.get(
+            ray.get([learner.publish_weights.remote() for learner in trainer.learner_group.actors])[0][0]
+        )
     finally:
         trainer.stop_actors()
     assert len(states) == 2
@@ -44,39 +46,41 @@ def test_a_broadcast_run_keeps_every_sampler_on_the_learners_version(ray_local, 
     records = [json.loads(line) for line in run_dir.metrics.read_text().splitlines()]
     # each iteration's version went out whole: the bytes of the object store's copy of the same weights
     assert [record["sync/bytes"] for record in records] == [published.num_bytes] * 2
-    assert trainer.weight_group_members is not None  # the group formed once and was not given up
-    assert trainer.transport == "gloo"  # chosen from the devices the ends hold: all CPUs
+    assert trainer.weights.group_members is not None  # the group formed once and was not given up
+    assert trainer.weights.transport == "gloo"  # chosen from the devices the ends hold: all CPUs
 
 
 def test_a_failed_sync_leaves_the_learner_alive_and_that_version_goes_through_the_object_store(ray_local, tmp_path):
     trainer = broadcast_trainer(tmp_path, "trainer.weight_sync.timeout_s=5")
     try:
-        trainer._start_actors()
-        trainer._sync_weights(0)
-        assert trainer.transport == "gloo" and trainer.weight_group_members is not None
-        survivor, lost = trainer.samplers
+        trainer.start_actors()
+        trainer.weights.sync(0)
+        assert trainer.weights.transport == "gloo" and trainer.weights.group_members is not None
+        survivor, lost = trainer.rollouts.samplers
 
         # A receiver dies with the group formed: the learner's broadcast fails, and the learner goes on.
         ray.kill(lost)
-        ray.get(trainer.learner.update_batch.remote(batch_of(seed=1)))
-        trainer._sync_weights(1)
-        assert ray.get(trainer.learner.describe.remote())["device"] == "cpu"  # alive, and answering
-        published = ray.get(ray.get(trainer.learner.publish_weights.remote())[0])
+        ray.get(trainer.learner_group.rank0.update_batch.remote(batch_of(seed=1)))
+        trainer.weights.sync(1)
+        assert ray.get(trainer.learner_group.rank0.describe.remote())["device"] == "cpu"  # alive, and answering
+        published = ray.get(ray.get(trainer.learner_group.rank0.publish_weights.remote())[0])
         assert published.version == 1
-        assert trainer.samplers == [survivor]
-        assert ray.get(survivor.state.remote())["weights_version"] == trainer.weights_version == 1
-        assert trainer.payload is not None and trainer.sync_bytes == published.num_bytes  # the object store's copy
-        assert trainer.weight_group_members is None  # formed again at the next sync
+        assert trainer.rollouts.samplers == [survivor]
+        assert ray.get(survivor.state.remote())["weights_version"] == trainer.weights.version == 1
+        assert (
+            trainer.weights.payload is not None and trainer.weights.sent_bytes == published.num_bytes
+        )  # the object store's copy
+        assert trainer.weights.group_members is None  # formed again at the next sync
 
         # A CUDA IPC sync that cannot share (these weights are on the CPU) takes the same way out.
-        ray.get(trainer.learner.update_batch.remote(batch_of(seed=2)))
-        trainer.weight_group_members, trainer.transport = [survivor], "cuda_ipc"
-        trainer._sync_weights(2)
-        assert ray.get(survivor.state.remote())["weights_version"] == trainer.weights_version == 2
-        assert trainer.weight_group_members is None
+        ray.get(trainer.learner_group.rank0.update_batch.remote(batch_of(seed=2)))
+        trainer.weights.group_members, trainer.weights.transport = [survivor], "cuda_ipc"
+        trainer.weights.sync(2)
+        assert ray.get(survivor.state.remote())["weights_version"] == trainer.weights.version == 2
+        assert trainer.weights.group_members is None
 
         # The next sync forms a new group of the survivor and broadcasts again.
-        trainer._sync_weights(3)
-        assert trainer.transport == "gloo" and trainer.weight_group_members == [survivor]
+        trainer.weights.sync(3)
+        assert trainer.weights.transport == "gloo" and trainer.weights.group_members == [survivor]
     finally:
         trainer.stop_actors()

@@ -23,20 +23,20 @@ def test_waiting_episodes_come_back_from_a_checkpoint_as_they_were(tmp_path):
     before = gateway(tmp_path)
     before.waiting["task-3"] += [episode(3, 1.0, 4), episode(3, 0.0, 5)]
     before.waiting["task-8"].append(episode(8, 0.0, 5))
-    state = json.loads(json.dumps(before._env_states()))  # as trainer_state.json holds it
+    state = json.loads(json.dumps(before.checkpoint_state()))  # as trainer_state.json holds it
     resumed = gateway(tmp_path)
-    resumed._load_env_states(state)
+    resumed.load_checkpoint_state(state)
     assert resumed.waiting == before.waiting
-    assert dict(gateway(tmp_path)._env_states()) == {"waiting": {}}
+    assert dict(gateway(tmp_path).checkpoint_state()) == {"waiting": {}}
 
 
 def test_a_learner_restart_keeps_the_episodes_harvested_since_the_checkpoint(tmp_path):
     trainer = gateway(tmp_path)
     trainer.waiting["task-3"].append(episode(3, 1.0, 4))
-    state = json.loads(json.dumps(trainer._env_states()))
+    state = json.loads(json.dumps(trainer.checkpoint_state()))
     trainer.waiting["task-3"].append(episode(3, 0.0, 6))  # harvested after the checkpoint
     trainer.waiting["task-9"].append(episode(9, 1.0, 6))
-    trainer._load_env_states(state)
+    trainer.load_checkpoint_state(state)
     assert trainer.waiting == {
         "task-3": [episode(3, 1.0, 4), episode(3, 0.0, 6)],
         "task-9": [episode(9, 1.0, 6)],

@@ -2,7 +2,7 @@
 
 import structlog
 
-from agentgym_rl.driver.trainer import warn_without_state_keys
+from agentgym_rl.driver.rollout_dispatch import warn_without_state_keys
 from agentgym_rl.envs.target_word import TargetWordEnv
 from agentgym_rl.learner.algorithms import build_algorithm
 from tests.unit.envs.test_state_keys import Plain
