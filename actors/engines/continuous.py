@@ -10,6 +10,11 @@ event loop keeps accepting requests:
 3. one :meth:`~actors.engines.decode.DecodeBatch.step` for every row, each with its own settings
    and stream; what it sampled goes to the requests' queues at once.
 
+One request's failure is its own: a row the step fails (see ``decode``) fails its request alone, and
+admitted requests whose joint prefill fails are prefilled again one by one, so only the request whose
+prompt fails gets the error. Only a failed forward of the decode step itself, which no single
+request caused, fails every request of the batch (each with that error).
+
 Key/value memory is bounded: a row reserves ``len(prompt) + max_new_tokens`` positions, and rows
 are admitted only while ``rows * longest reservation <= max_kv_tokens`` (the batch is as wide as
 its longest row). Weight loads run in the same loop, between steps, when nothing is decoding.
@@ -24,7 +29,8 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from agentgym_rl.actors.engines.decode import Row, StepToken
+from agentgym_rl.actors.engines.base import Engine
+from agentgym_rl.actors.engines.decode import Row, RowFailure, StepToken
 from agentgym_rl.actors.engines.serving import (
     ChoiceDelta,
     CompletionRequest,
@@ -32,7 +38,6 @@ from agentgym_rl.actors.engines.serving import (
     choice_seed,
     seeded_generator,
 )
-from agentgym_rl.actors.engines.transformers_engine import TransformersEngine
 from agentgym_rl.actors.weights import WeightsPayload
 
 log = structlog.get_logger()
@@ -57,14 +62,14 @@ class ContinuousBatcher(ServingEngine):
     """Serves requests from one running decode batch that rows join and leave at every step.
 
     Args:
-        engine: the engine whose model, stop ids and shared stream it uses (nothing else may call
-            its ``generate`` meanwhile).
+        engine: a ``TransformersEngine`` (not imported: it builds this batcher in ``build_serving``), whose
+            decode step, stop ids and shared stream it uses (nothing else may call its ``generate`` meanwhile).
         max_rows: most completions decoding at once.
         max_kv_tokens: bound on the batch's key/value positions (rows x longest reserved row).
         max_requests: requests in flight beyond which new ones are refused (see ``ServingEngine``).
     """
 
-    def __init__(self, engine: TransformersEngine, *, max_rows: int, max_kv_tokens: int, max_requests: int) -> None:
+    def __init__(self, engine: Engine, *, max_rows: int, max_kv_tokens: int, max_requests: int) -> None:
         super().__init__(max_requests=max_requests)
         self.engine = engine
         self.max_rows = max_rows
@@ -74,7 +79,14 @@ class ContinuousBatcher(ServingEngine):
         self.loads: deque[tuple[WeightsPayload, asyncio.Future]] = deque()
         self.wake = asyncio.Event()
         self.scheduler: asyncio.Task | None = None
-        self.counters = {"steps": 0, "generated_tokens": 0, "prefill_tokens": 0, "finished": 0, "abandoned": 0}
+        self.counters = {
+            "steps": 0,
+            "generated_tokens": 0,
+            "prefill_tokens": 0,
+            "finished": 0,
+            "abandoned": 0,
+            "failed": 0,
+        }
 
     @property
     def weights_version(self) -> int:
@@ -119,7 +131,7 @@ class ContinuousBatcher(ServingEngine):
                 unfinished -= sum(delta.finish_reason is not None for delta in deltas)
                 yield _coalesce(deltas)
         finally:
-            if unfinished:
+            if unfinished and not pending.abandoned:  # a failed request was let go already
                 pending.abandoned = True
                 self.counters["abandoned"] += 1
                 self.wake.set()
@@ -147,15 +159,19 @@ class ContinuousBatcher(ServingEngine):
                 self.wake.clear()
                 await self.wake.wait()
                 continue
+            refused: list[tuple[_Pending, Exception]] = []
             try:
-                tokens = await asyncio.to_thread(self._advance, dropped, admitted)
-            except Exception as exc:  # every request in the batch learns why; serving goes on
+                events = await asyncio.to_thread(self._advance, dropped, admitted, refused)
+            except Exception as exc:  # the step's forward failed, which no one request caused; serving goes on
                 log.exception("decode step failed; failing the requests in the batch")
-                for pending in {row.tag[0] for row in self.batch.rows} | set(admitted):
-                    pending.queue.put_nowait(exc)
+                for pending in {row.tag[0] for row in self.batch.rows}:
+                    self._fail(pending, exc)
                 self.batch.drop(list(self.batch.rows))
                 continue
-            self._deliver(tokens)
+            finally:
+                for pending, exc in refused:
+                    self._fail(pending, exc)
+            self._deliver(events)
 
     def _admissible(self, live: int) -> list[_Pending]:
         """Waiting requests that fit now, in arrival order (the first that does not fit stops the scan)."""
@@ -171,29 +187,72 @@ class ContinuousBatcher(ServingEngine):
             rows, longest = wanted, reach
         return admitted
 
-    def _advance(self, dropped: list[Row], admitted: list[_Pending]) -> list[StepToken]:
-        """Worker thread: drop, admit, step."""
+    def _advance(
+        self, dropped: list[Row], admitted: list[_Pending], refused: list[tuple[_Pending, Exception]]
+    ) -> list[StepToken | RowFailure]:
+        """Worker thread: drop, admit, step; returns the step's events. Admitted requests whose prefill
+        failed go to ``refused`` with their errors (told on the event loop, even if the step then fails)."""
         if dropped:
             self.batch.drop(dropped)
         if admitted:
-            prompts, rows = [], []
-            for pending in admitted:
-                request = pending.request
-                stops = self.engine.stop_strings(request.params.stop)
-                for choice in range(request.n):
-                    generator = None if request.seed is None else seeded_generator(choice_seed(request.seed, choice))
-                    pending.rows.append(
-                        Row(params=request.params, generator=generator, stops=stops, tag=(pending, choice))
-                    )
-                    prompts.append(request.prompt_ids)
-                rows.extend(pending.rows)
-            self.counters["prefill_tokens"] += self.batch.add(prompts, rows)
+            try:
+                self._prefill(admitted)
+            except Exception as exc:  # noqa: BLE001 -- told to its request, or to each found at fault
+                if len(admitted) == 1:
+                    refused.append((admitted[0], exc))
+                else:
+                    log.warning("joint prefill failed; prefilling the requests one by one", error=str(exc))
+                    refused += self._prefill_each(admitted)
         if not self.batch.rows:
             return []
         self.counters["steps"] += 1
         return self.batch.step()
 
-    def _deliver(self, tokens: list[StepToken]) -> None:
+    def _prefill(self, admitted: list[_Pending]) -> None:
+        """Prefill the rows of ``admitted`` together and merge them into the batch (which a failure leaves
+        as it was: rows are merged only after their forward)."""
+        prompts, rows = [], []
+        for pending in admitted:
+            request = pending.request
+            stops = self.engine.stop_strings(request.params.stop)
+            # Fresh rows (and seeded streams) each try: a request prefilled again samples what it would have.
+            pending.rows = [
+                Row(
+                    params=request.params,
+                    generator=None if request.seed is None else seeded_generator(choice_seed(request.seed, choice)),
+                    stops=stops,
+                    tag=(pending, choice),
+                )
+                for choice in range(request.n)
+            ]
+            prompts += [request.prompt_ids] * request.n
+            rows += pending.rows
+        self.counters["prefill_tokens"] += self.batch.add(prompts, rows)
+
+    def _prefill_each(self, admitted: list[_Pending]) -> list[tuple[_Pending, Exception]]:
+        """Prefill each request alone; returns those that fail, with their errors."""
+        refused = []
+        for pending in admitted:
+            try:
+                self._prefill([pending])
+            except Exception as exc:  # noqa: BLE001 -- this request's own error, told to it
+                refused.append((pending, exc))
+        return refused
+
+    def _fail(self, pending: _Pending, exc: Exception) -> None:
+        """End ``pending`` with ``exc`` (its reader raises it); its other rows leave at the next turn."""
+        if not pending.abandoned:
+            pending.abandoned = True
+            self.counters["failed"] += 1
+            pending.queue.put_nowait(exc)
+
+    def _deliver(self, events: list[StepToken | RowFailure]) -> None:
+        tokens = []
+        for event in events:
+            if isinstance(event, RowFailure):
+                self._fail(event.row.tag[0], event.error)
+            else:
+                tokens.append(event)
         self.counters["generated_tokens"] += len(tokens)
         per_request: dict[_Pending, list[ChoiceDelta]] = {}
         for token in tokens:

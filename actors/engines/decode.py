@@ -11,6 +11,11 @@ settings and random stream, and runs one forward for the rows that go on. Two wa
 * ``ContinuousBatcher`` (serving) adds rows between steps (their prompts prefilled, then merged
   into the running batch) and drops a row the step it finishes or its client goes away.
 
+A row whose next-token probabilities are not finite (its logits overflowed: a prompt that drives a
+half-precision activation past its range) fails alone: it samples nothing more, the step reports a
+:class:`RowFailure` for it, and the other rows go on. Sampling settings cannot cause this (see
+``SamplingParams``); rows never attend one another, so one row's values cannot spread to another.
+
 Layout: every row is right-aligned, so its newest position is the last column; masked padding fills
 the left. Merging two groups pads the narrower one on the left; dropping rows trims columns that no
 row attends any more, so the cache is as wide as the longest live row::
@@ -22,6 +27,7 @@ row attends any more, so the cache is as wide as the longest live row::
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -46,6 +52,7 @@ class Row:
         stops: matcher of ``params.stop`` (None when there are none).
         tag: the caller's handle on the row (the batch never reads it).
         counts: (V,) occurrences of each token in the reply, kept only for penalised rows.
+        failure: why the row stopped without finishing (see :class:`RowFailure`); it samples no more.
     """
 
     params: SamplingParams
@@ -57,6 +64,24 @@ class Row:
     top_logprobs: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
     finish_reason: Literal["stop", "length"] | None = None
     counts: torch.Tensor | None = None
+    failure: RowFailedError | None = None
+
+    @property
+    def done(self) -> bool:
+        """Whether the row samples no more (finished or failed)."""
+        return self.finish_reason is not None or self.failure is not None
+
+
+class RowFailedError(RuntimeError):
+    """One row's next-token probabilities were not finite; that row alone is failed."""
+
+
+@dataclass(frozen=True)
+class RowFailure:
+    """A row the step failed instead of sampling for it (``row.failure`` holds ``error``)."""
+
+    row: Row
+    error: RowFailedError
 
 
 @dataclass(frozen=True)
@@ -151,7 +176,7 @@ class DecodeBatch:
     @property
     def running(self) -> bool:
         """Whether some row still samples."""
-        return any(row.finish_reason is None for row in self.rows)
+        return any(not row.done for row in self.rows)
 
     @property
     def width(self) -> int:
@@ -181,22 +206,34 @@ class DecodeBatch:
         return sum(len(p) - length for p, (length, _) in zip(prompts, reused, strict=True))
 
     @torch.inference_mode()
-    def step(self) -> list[StepToken]:
-        """Sample one token for every running row, then feed the rows that go on through the model.
+    def step(self) -> list[StepToken | RowFailure]:
+        """Sample one token for every running row, then feed the rows that go on through the model; a row
+        whose probabilities are not finite gets a :class:`RowFailure` instead of a token.
 
         The last token of a row is never fed back: its cache ends just before it.
         """
         rows = self.rows
-        running = [i for i, row in enumerate(rows) if row.finish_reason is None]
+        running = [i for i, row in enumerate(rows) if not row.done]
         scaled, probs = self._distributions()
         step_logprobs = torch.log_softmax(scaled, dim=-1)  # (B, V)
         sampled = self._sample(probs, running)  # (B,)
         sampled_lp = step_logprobs.gather(-1, sampled[:, None]).squeeze(-1)  # (B,)
+        # A row without a finite distribution reads as NaN here, in the same copy to the host as the
+        # log-probabilities (no extra sync per step).
+        finite = torch.isfinite(probs).all(dim=-1) & torch.isfinite(sampled_lp)  # (B,)
+        sampled_lp = sampled_lp.masked_fill(~finite, float("nan"))
         tops = self._top_logprobs(step_logprobs, running)
         ids, lps = sampled.tolist(), sampled_lp.tolist()
-        events = []
+        events: list[StepToken | RowFailure] = []
         for i in running:
             row, token = rows[i], ids[i]
+            if math.isnan(lps[i]):
+                row.failure = RowFailedError(
+                    f"the model's next-token probabilities for this completion are not finite after "
+                    f"{len(row.tokens)} tokens (its logits overflowed; float32 weights avoid that)"
+                )
+                events.append(RowFailure(row, row.failure))
+                continue
             row.tokens.append(token)
             row.logprobs.append(lps[i])
             top = tops.get(i, ())
@@ -209,13 +246,13 @@ class DecodeBatch:
             elif len(row.tokens) >= row.params.max_new_tokens:
                 row.finish_reason = "length"
             events.append(StepToken(row, token, lps[i], top, row.finish_reason))
-        going = [i for i, row in enumerate(rows) if row.finish_reason is None]
+        going = [i for i, row in enumerate(rows) if not row.done]
         if not self.keep_finished and len(going) < len(rows):
             self._select(going)
             sampled = sampled[torch.tensor(going, device=self.device, dtype=torch.long)]
         if not going:
             return events
-        finished = torch.tensor([row.finish_reason is not None for row in self.rows], device=self.device)
+        finished = torch.tensor([row.done for row in self.rows], device=self.device)
         feed = sampled.masked_fill(finished, self.pad_token_id)
         self.attention = torch.cat([self.attention, (~finished).long()[:, None]], dim=-1)
         self.positions = self.positions + 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -11,15 +12,24 @@ from agentgym_rl.configs.schema import SamplingConfig
 
 # OpenAI's bound on `top_logprobs`; a row asks for at most this many alternatives per token.
 MAX_TOP_LOGPROBS = 20
+# A temperature or top_p below this samples greedily (vLLM's threshold too). Dividing logits by a smaller
+# temperature overflows float32 to inf (1e-300 and 5e-324 are 0 in float32), and a smaller top_p rounds to 0
+# in float32, so both would give the row non-finite probabilities; at this floor one token holds all but a
+# vanishing share of the mass anyway.
+GREEDY_BELOW = 1e-5
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     """How one row (one completion) is sampled; rows of one batch may differ in every field.
 
+    A ``temperature`` or ``top_p`` below :data:`GREEDY_BELOW` (temperature 0 included) is greedy decoding and
+    is stored as such, ``temperature=1, top_p=1, top_k=1``, so every engine reads the same settings and none
+    divides by a vanishing temperature (the reported log-probabilities are then temperature 1's).
+
     Attributes:
-        temperature: divides the logits before sampling (> 0; greedy decoding is ``top_k=1``).
-        top_p: nucleus mass kept (0 < top_p <= 1).
+        temperature: divides the logits before sampling (>= 0; below ``GREEDY_BELOW``: greedy).
+        top_p: nucleus mass kept (0 < top_p <= 1; below ``GREEDY_BELOW``: greedy).
         top_k: keep only the k likeliest tokens; 0 disables.
         max_new_tokens: cap on the row's sampled tokens.
         stop: strings that end the row once its reply contains one (the completing token is kept).
@@ -42,17 +52,23 @@ class SamplingParams:
         problems = [
             f"{name}={value!r} ({rule})"
             for name, value, ok, rule in (
-                ("temperature", self.temperature, self.temperature > 0, "must be > 0; use top_k=1 for greedy"),
+                ("temperature", self.temperature, self.temperature >= 0, "must be >= 0"),
                 ("top_p", self.top_p, 0 < self.top_p <= 1, "must be in (0, 1]"),
                 ("top_k", self.top_k, self.top_k >= 0, "must be >= 0"),
                 ("max_new_tokens", self.max_new_tokens, self.max_new_tokens >= 1, "must be >= 1"),
                 ("top_logprobs", self.top_logprobs, 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS, "must be 0-20"),
                 ("stop", self.stop, all(self.stop), "strings must be non-empty"),
+                ("presence_penalty", self.presence_penalty, math.isfinite(self.presence_penalty), "must be finite"),
+                ("frequency_penalty", self.frequency_penalty, math.isfinite(self.frequency_penalty), "must be finite"),
             )
             if not ok
         ]
         if problems:
             raise ValueError(f"invalid sampling settings: {'; '.join(problems)}")
+        if self.temperature < GREEDY_BELOW or self.top_p < GREEDY_BELOW:
+            # The one place a vanishing setting becomes greedy (frozen: set through object's own setter).
+            for name, value in (("temperature", 1.0), ("top_p", 1.0), ("top_k", 1)):
+                object.__setattr__(self, name, value)
 
     @classmethod
     def from_config(cls, config: SamplingConfig) -> SamplingParams:
@@ -83,8 +99,10 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     if top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
         cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
-        # Drop a token once the mass before it already reaches top_p (the first token always stays).
+        # Drop a token once the mass before it already reaches top_p; the likeliest always stays, even where
+        # top_p rounds to 0 in the logits' dtype.
         drop_sorted = (cumulative - torch.softmax(sorted_logits, dim=-1)) >= top_p
+        drop_sorted[:, 0] = False
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits

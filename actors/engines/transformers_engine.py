@@ -142,6 +142,8 @@ class TransformersEngine(Engine):
         self.counters["reused_tokens"] += sum(length for length, _ in reused)
         while decode.running:
             decode.step()
+        if failed := [row.failure for row in rows if row.failure is not None]:
+            raise failed[0]
         self._keep(keys, prompts, [row.tokens for row in rows], decode.cache, decode.attention)
         return [
             Generation(token_ids=row.tokens, logprobs=row.logprobs, finish_reason=row.finish_reason) for row in rows
