@@ -158,7 +158,8 @@ class SamplerPool:
             "max_concurrency": 1000,
         }
         fresh = []
-        taken = {self.bundle_of[s] for s in self.samplers}
+        # Colocated: a sampler's bundle is fixed. Otherwise Ray places it wherever there is room (no bundle).
+        taken = {self.bundle_of[s] for s in self.samplers} if self.bundles is not None else set()
         for count in env_actors:
             if self.bundles is not None:  # the lowest bundle without a live sampler
                 index = min(set(range(self.bundles.count)) - taken)
@@ -287,6 +288,7 @@ class SamplerPool:
             return
         self.samplers.remove(sampler)
         self.env_counts.pop(sampler, None)
+        self.bundle_of.pop(sampler, None)  # its bundle is free for the replacement
         ray.kill(sampler, no_restart=True)
         self.counters[iteration]["pool/samplers_lost"] += 1
         log.warning(
