@@ -295,22 +295,53 @@ def format_compare_table(table: dict) -> str:
 
 
 def labelled_reports(values: list[str]) -> list[tuple[str, dict]]:
-    """``LABEL=REPORT`` or ``REPORT`` (labelled by the report's own name) -> [(label, report)], in order.
+    """``LABEL=REPORT`` or ``REPORT`` -> [(label, report)], in order. A ``REPORT`` is labelled by the report's own
+    name; reports that share a name (every report of an adapter is named after the adapter) are labelled by
+    their paths instead (``path_labels``), so ``compare sft/eval.json gateway/eval.json`` works as written.
 
     Raises:
-        CompareError: an empty label or path, a label given twice, or a file that is not an eval report.
+        CompareError: an empty label or path, a label given twice (or one file given twice), or a file that is
+            not an eval report.
     """
-    reports: list[tuple[str, dict]] = []
+    given: list[tuple[str | None, Path, dict]] = []
     for value in values:
         label, _, path = value.partition("=") if "=" in value else (None, "", value)
         if label == "" or not path:
             raise CompareError(f"{value!r}: give REPORT or LABEL=REPORT")
-        report = load_report(Path(path))
-        label = report["name"] if label is None else label
+        given.append((label, Path(path), load_report(Path(path))))
+    by_name: dict[str, list[int]] = {}
+    for index, (label, _, report) in enumerate(given):
+        if label is None:
+            by_name.setdefault(report["name"], []).append(index)
+    labels = [label if label is not None else report["name"] for label, _, report in given]
+    for indices in by_name.values():
+        if len(indices) > 1:
+            for index, label in zip(indices, path_labels([given[i][1] for i in indices]), strict=True):
+                labels[index] = label
+    reports: list[tuple[str, dict]] = []
+    for label, (_, _, report) in zip(labels, given, strict=True):
         if label in (seen for seen, _ in reports):
             raise CompareError(f"two reports are labelled {label!r}; name them with LABEL=REPORT")
         reports.append((label, report))
     return reports
+
+
+def path_labels(paths: list[Path]) -> list[str]:
+    """Each path's shortest ending (in whole path components, of its absolute form) that no other path of
+    ``paths`` ends with; the whole absolute path for a file given twice.
+
+    Example: ``path_labels([Path("results/sft/eval.json"), Path("results/gateway/eval.json")]) ==
+    ["sft/eval.json", "gateway/eval.json"]``.
+    """
+    parts = [path.absolute().parts for path in paths]
+    labels = []
+    for index, mine in enumerate(parts):
+        others = [theirs for other, theirs in enumerate(parts) if other != index]
+        depth = next(
+            (n for n in range(1, len(mine) + 1) if all(theirs[-n:] != mine[-n:] for theirs in others)), len(mine)
+        )
+        labels.append(Path(*mine[-depth:]).as_posix())
+    return labels
 
 
 def load_report(path: Path) -> dict:

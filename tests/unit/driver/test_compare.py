@@ -15,6 +15,7 @@ from agentgym_rl.driver.compare import (
     mcnemar_exact_p,
     pair_episodes,
     paired_difference_interval,
+    path_labels,
 )
 from agentgym_rl.driver.evaluate import episode_seeds, wilson_interval
 
@@ -251,3 +252,24 @@ def test_cli_compare_refuses_bad_labels_and_one_report(tmp_path: Path, capsys, l
     )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and named in err[0], err
+
+
+def test_reports_sharing_a_name_are_labelled_by_the_shortest_path_ending_that_tells_them_apart(tmp_path: Path, capsys):
+    a, b = pairs(both=3, only_b=9, only_a=1, neither=7)
+    (tmp_path / "sft").mkdir()
+    (tmp_path / "gateway").mkdir()
+    files = [
+        str(write(tmp_path / "sft" / "eval.json", {**a, "name": "adapter"})),
+        str(write(tmp_path / "gateway" / "eval.json", {**b, "name": "adapter"})),
+    ]
+    assert main(["compare", *files]) == 0
+    printed = capsys.readouterr().out
+    assert "A: sft/eval.json (" in printed and "B: gateway/eval.json (" in printed
+    assert main(["compare", files[0], files[0]]) == 2  # one file twice: nothing tells them apart
+    assert "two reports are labelled" in capsys.readouterr().err
+
+
+def test_path_labels_take_whole_components_until_no_other_path_ends_alike():
+    paths = [Path("/r/a/x.json"), Path("/r/b/x.json"), Path("/r/c/b/x.json")]
+    assert path_labels(paths) == ["a/x.json", "r/b/x.json", "c/b/x.json"]
+    assert path_labels([Path("/r/one.json"), Path("/r/two.json")]) == ["one.json", "two.json"]
