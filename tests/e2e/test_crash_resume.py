@@ -1,5 +1,6 @@
 """Stopping a training run and resuming it: SIGKILL while a checkpoint is written, SIGINT or SIGTERM to a
-background job, and --time-limit; each time --resume ends with every iteration exactly once."""
+background job, --time-limit, and a run that loses a sampler and an env actor before its driver is killed; each
+time --resume ends with every iteration exactly once."""
 
 import contextlib
 import json
@@ -62,6 +63,27 @@ def kill_tree(proc: subprocess.Popen) -> None:
 
 def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def rollouts_started(log: Path) -> set[int]:
+    """The iterations whose rollout the driver has started, read from its log lines."""
+    started = set()
+    for line in log.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):  # Ray's own lines, and a line being written
+            event = json.loads(line) if line.startswith("{") else {}
+            if event.get("event") == "rollout started":
+                started.add(event["iteration"])
+    return started
+
+
+def kill_actor_process(proc: subprocess.Popen, actor_class: str) -> int:
+    """SIGKILL the process of one ``actor_class`` actor among the driver's descendants; returns its PID."""
+    for child in psutil.Process(proc.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # a process that ended meanwhile
+            if child.cmdline() and child.cmdline()[0].startswith(f"ray::{actor_class}"):
+                child.kill()
+                return child.pid
+    raise AssertionError(f"no {actor_class} process under the driver")
 
 
 @pytest.mark.slow
@@ -169,3 +191,52 @@ def test_a_time_limit_stops_after_a_checkpointed_iteration_and_resume_finishes(t
     resumed = run_cli("train", "--resume", str(run_dir), "--time-limit", "3600", cwd=tmp_path, env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert [r["iteration"] for r in metrics(run_dir)] == [0, 1, 2, 3]  # every iteration exactly once
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+def test_a_run_survives_a_lost_sampler_and_env_actor_then_a_killed_driver_resumes(tmp_path: Path):
+    runs = tmp_path / "runs"
+    run_dir = runs / "faults"
+    env = cli_env()
+    # The default (disaggregated) placement, two samplers of two env actors, and CPUs to spare: the lost
+    # sampler's replacement has room to start at the next iteration.
+    faults = ["trainer.iterations=3", "sampler.count=2", "sampler.envs_per_sampler=2", "ray.num_cpus=4"]
+    settings = [*overrides(runs, "faults"), *[item for setting in faults for item in ("--set", setting)]]
+    log = tmp_path / "driver.log"
+    with log.open("w") as output:
+        proc = subprocess.Popen(
+            command("train", str(REPO / "configs" / "warm_start_grpo.yaml"), *settings),
+            cwd=tmp_path,
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        # Each by PID while a rollout runs: a sampler in iteration 0, an env actor in iteration 1, the driver
+        # (and its Ray) in iteration 2, after iteration 1's checkpoint.
+        for iteration, victim in ((0, "SamplerActor"), (1, "EnvHost")):
+            deadline = time.monotonic() + 400
+            while iteration not in rollouts_started(log) and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.05)
+            assert proc.poll() is None, log.read_text()[-3000:]
+            kill_actor_process(proc, victim)
+        deadline = time.monotonic() + 400
+        while 2 not in rollouts_started(log) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert proc.poll() is None, log.read_text()[-3000:]
+        kill_tree(proc)
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc)
+    assert [r["iteration"] for r in metrics(run_dir)] == [0, 1]
+
+    resumed = run_cli("train", "--resume", str(run_dir), cwd=tmp_path, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    records = metrics(run_dir)
+    assert [r["iteration"] for r in records] == [0, 1, 2]  # every iteration exactly once
+    assert sum(r["pool/samplers_lost"] for r in records) == 1
+    assert sum(r["pool/samplers_added"] for r in records) == 1  # the replacement, started wherever there was room
+    assert [r["pool/samplers"] for r in records][1:] == [2, 2]
+    for record in records:  # every iteration played all of its episodes: 2 tasks x groups of 4
+        assert record["rollout/episodes"] + record["rollout/failed"] == 8
