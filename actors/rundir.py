@@ -4,18 +4,27 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
+import structlog
+
+from agentgym_rl.actors.checkpoints import POLICY_DIR, TRAINER_STATE, CheckpointError, checkpoint_damage, write_manifest
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.configs import Config, dump_config
 
+__all__ = ["CONFIG_FILE", "METRICS_FILE", "POLICY_DIR", "TRAINER_STATE", "RunDir", "latest_if_run"]
+
+log = structlog.get_logger()
+
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
-TRAINER_STATE = "trainer.json"
-# Where the learner writes the Hugging Face policy inside a checkpoint directory.
-POLICY_DIR = "policy"
+# Where `--from` moves the checkpoints newer than the one a run goes back to (kept, never deleted).
+SUPERSEDED_DIR = "superseded"
+# A checkpoint whose check (sha256 of every file, about 1 GiB/s) is worth a log line first.
+LARGE_CHECKPOINT_BYTES = 2**30
 
 
 class RunDir:
@@ -66,8 +75,10 @@ class RunDir:
         return staging
 
     def publish_checkpoint(self, staging: Path, iterations_done: int, trainer_state: dict) -> Path:
-        """Write the trainer state last, then rename: a checkpoint directory is complete or absent."""
+        """Write the trainer state and then the manifest (every file's size and sha256) last, then rename: a
+        checkpoint directory is complete or absent, and a resume can tell whether it was damaged since."""
         (staging / TRAINER_STATE).write_text(json.dumps(trainer_state, sort_keys=True))
+        write_manifest(staging)
         target = self.checkpoint_dir(iterations_done)
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
@@ -88,6 +99,59 @@ class RunDir:
     def latest_checkpoint(self) -> Path | None:
         complete = self.complete_checkpoints()
         return complete[-1] if complete else None
+
+    def resume_checkpoint(self, wanted: str | None = None) -> Path | None:
+        """The checkpoint a resume loads, checked whole before anything loads it: ``wanted`` (``iter_N``,
+        ``N`` or the checkpoint's path), else the latest complete one; None when the run has none yet.
+
+        Raises:
+            CheckpointError: ``wanted`` is not a complete checkpoint of this run, or the checkpoint is damaged
+                (the message names the damaged part and the ``--from`` that goes back to an earlier one).
+        """
+        complete = self.complete_checkpoints()
+        names = ", ".join(p.name for p in complete) or "none"
+        if wanted is None:
+            if not complete:
+                return None
+            checkpoint = complete[-1]
+        else:
+            match = re.fullmatch(r"(?:iter_)?(\d+)", Path(wanted).name)
+            checkpoint = self.checkpoint_dir(int(match.group(1))) if match else None
+            if checkpoint not in complete:
+                raise CheckpointError(
+                    f"--from {wanted}: not a complete checkpoint of {self.path}; complete ones: {names}"
+                )
+        size = sum(p.stat().st_size for p in checkpoint.rglob("*") if p.is_file())
+        if size > LARGE_CHECKPOINT_BYTES:  # hashing reads every byte: say why the start waits
+            log.info("checking the checkpoint's files", checkpoint=str(checkpoint), gib=round(size / 2**30, 1))
+        problem = checkpoint_damage(checkpoint)
+        if problem is None:
+            return checkpoint
+        earlier = complete[: complete.index(checkpoint)]
+        way_on = (
+            f"resume from the one before with --resume {self.path} --from {earlier[-1].name}"
+            if earlier
+            else "the run has no earlier checkpoint: start it again under another run.name"
+        )
+        raise CheckpointError(f"checkpoint {checkpoint} is damaged: {problem}; {way_on}")
+
+    def set_aside_after(self, checkpoint: Path) -> list[Path]:
+        """Move the complete checkpoints newer than ``checkpoint`` into ``checkpoints/superseded/``, so the run
+        continues from ``checkpoint`` (nothing is deleted); returns where they went."""
+        newer = [p for p in self.complete_checkpoints() if p.name > checkpoint.name]
+        moved = []
+        for path in newer:
+            target = self.checkpoints / SUPERSEDED_DIR / path.name
+            suffix = 1
+            while target.exists():  # set aside before, by an earlier --from
+                target = self.checkpoints / SUPERSEDED_DIR / f"{path.name}.{suffix}"
+                suffix += 1
+            target.parent.mkdir(exist_ok=True)
+            path.rename(target)
+            moved.append(target)
+        if moved:
+            log.warning("set aside the checkpoints after the one resumed from", kept_in=[str(p) for p in moved])
+        return moved
 
 
 def latest_if_run(folder: Path) -> Path:

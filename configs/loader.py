@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,8 @@ def parse_override(item: str) -> tuple[list[str], Any]:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
         raise ConfigError(f"override {item!r}: value {raw!r} is not valid YAML ({exc})") from exc
+    except RecursionError:
+        raise ConfigError(f"override {key.strip()}=...: the value is nested too deeply to read") from None
     return key.strip().split("."), value
 
 
@@ -61,6 +64,21 @@ def apply_override(data: dict[str, Any], item: str) -> None:
     node[path[-1]] = value
 
 
+def port_argument(text: str) -> int:
+    """The ``type`` of a ``--port`` option: a TCP port, 1 to 65535 (the same range as ``serve.port``).
+
+    Raises:
+        argparse.ArgumentTypeError: ``text`` is not a whole number in that range (argparse names the option).
+    """
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number: give 1 to 65535") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port: give 1 to 65535")
+    return port
+
+
 def format_validation_error(exc: ValidationError, source: str) -> str:
     lines = [f"invalid config ({source}):"]
     for err in exc.errors():
@@ -68,7 +86,7 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
         if err["type"] == "extra_forbidden":
             lines.append(f"  {where}: unknown key (check the spelling; see docs/reference/configuration.md)")
         else:
-            lines.append(f"  {where}: {err['msg']} (got {err.get('input')!r})")
+            lines.append(f"  {where}: {err['msg'].removeprefix('Value error, ')} (got {err.get('input')!r})")
     return "\n".join(lines)
 
 
@@ -93,10 +111,7 @@ def load_config(
             message names every offending key.
     """
     file = resolve_path(path)
-    try:
-        data = yaml.safe_load(file.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{file}: not valid YAML: {exc}") from exc
+    data = read_yaml(file) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{file}: the top level must be a mapping of sections, got {type(data).__name__}")
     section = data.get("algorithm")
@@ -110,6 +125,29 @@ def load_config(
         return Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, str(file))) from None
+
+
+def read_yaml(file: Path) -> Any:
+    """The YAML document in ``file``.
+
+    Raises:
+        ConfigError: the file cannot be read, is not UTF-8 text (e.g. a binary file), is not valid YAML,
+            or nests too deeply to read.
+    """
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{file}: not a text file (byte {exc.start} is not UTF-8); give a YAML config file") from None
+    except OSError as exc:
+        raise ConfigError(
+            f"{file}: cannot be read ({exc.strerror or exc}); check the path and its permissions"
+        ) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{file}: not valid YAML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{file}: nested too deeply to read; a config is a few levels of sections and keys") from None
 
 
 def drop_unknown_algorithm_keys(

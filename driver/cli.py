@@ -8,6 +8,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 # The entry point sets Ray's loopback switch before anything imports ray: a local Ray instance
 # started by this process (and its workers) then listens on 127.0.0.1 only.
@@ -19,9 +20,10 @@ import structlog
 
 from agentgym_rl.actors.cluster import stop_on_signals, stopped
 from agentgym_rl.actors.logs import configure_logging
+from agentgym_rl.actors.rundir import RunDir
 from agentgym_rl.configs import load_config
 from agentgym_rl.configs.errors import AgentGymError
-from agentgym_rl.configs.loader import format_validation_error
+from agentgym_rl.configs.loader import format_validation_error, port_argument
 from agentgym_rl.driver.errors import TrainError
 from agentgym_rl.driver.run import algorithm_keys, check_algorithm, prepare_run, train
 from agentgym_rl.envs import EnvError, env_class, make, names
@@ -34,12 +36,29 @@ TIME_LIMIT_EXIT = 3
 PLAN_DOES_NOT_FIT = 1
 
 
+class UsageError(AgentGymError):
+    """A command line argparse refuses: an unknown option, a missing argument, a value of the wrong type."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors take the one error path: one line on stderr, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     started = time.monotonic()
     if args.time_limit is not None and not args.time_limit > 0:
         raise TrainError(f"--time-limit {args.time_limit:g}: give a positive number of seconds")
+    if args.from_checkpoint is not None and not args.resume:
+        raise TrainError(f"--from {args.from_checkpoint}: give the run too, --resume RUN_DIR --from iter_N")
     configure_logging()  # what loading the config warns about (e.g. keys dropped for a new algorithm)
+    # Every part of the checkpoint is checked before the config is rewritten or Ray starts.
+    checkpoint = RunDir(Path(args.resume)).resume_checkpoint(args.from_checkpoint) if args.resume else None
     config, run_dir = prepare_run(args.config, args.set, args.resume)
+    if checkpoint is not None:
+        run_dir.set_aside_after(checkpoint)  # the run goes on from `checkpoint`: the trainer resumes the latest
     configure_logging(config.logging.level)
     envs = [entry.name for entry in config.envs] or config.env.name
     log.info("run directory", path=str(run_dir.path), model=config.model.name, env=envs)
@@ -250,7 +269,7 @@ def show_env(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="agentgym-rl", description="Multi-turn RL for LLM agents on Ray.")
+    parser = Parser(prog="agentgym-rl", description="Multi-turn RL for LLM agents on Ray.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p_train = sub.add_parser("train", help="train a policy (default config: configs/quickstart.yaml)")
@@ -262,7 +281,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a config key, e.g. trainer.iterations=2",
     )
-    p_train.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
+    p_train.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR from its latest checkpoint (every file of it is checked first; a damaged "
+        "one is named, exit status 2)",
+    )
+    p_train.add_argument(
+        "--from",
+        dest="from_checkpoint",
+        metavar="iter_N",
+        help="with --resume: continue from the earlier checkpoint iter_N instead (e.g. when the latest is damaged); "
+        "the newer ones are moved to RUN_DIR/checkpoints/superseded/",
+    )
     p_train.add_argument(
         "--time-limit",
         type=float,
@@ -298,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_view = sub.add_parser("view", help="trajectory viewer web page for a run directory (follows a live run)")
     p_view.add_argument("run_dir", metavar="RUN_DIR", help="run directory made by train")
     p_view.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p_view.add_argument("--port", type=int, default=8265, help="port to listen on (default 8265)")
+    p_view.add_argument("--port", type=port_argument, default=8265, help="port to listen on (default 8265)")
     p_view.set_defaults(func=cmd_view)
 
     p_server = sub.add_parser("env-server", help="serve an env over AgentGym's HTTP protocol")
@@ -314,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     source.add_argument("--model", metavar="NAME", help="built-in model name or local Hugging Face directory")
     p_serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p_serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    p_serve.add_argument("--port", type=port_argument, default=8000, help="port to listen on (default 8000)")
     p_serve.add_argument("--api-key", default=None, help="require this bearer key (default: $AGENTGYM_RL_API_KEY)")
     p_serve.add_argument(
         "--set",
@@ -413,8 +444,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except AgentGymError as exc:
         print(f"agentgym-rl: error: {one_line(str(exc))}", file=sys.stderr)

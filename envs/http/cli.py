@@ -9,6 +9,7 @@ import sys
 
 import pydantic
 
+from agentgym_rl.configs.loader import port_argument
 from agentgym_rl.envs.base import EnvError
 from agentgym_rl.envs.http.models import PROTOCOLS
 from agentgym_rl.envs.http.server import serve
@@ -18,7 +19,7 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     """The env server's command-line flags (shared with ``agentgym-rl env-server``)."""
     parser.add_argument("env", metavar="ENV", help="registered env name (see `agentgym-rl envs`)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=36001, help="port to listen on (default 36001)")
+    parser.add_argument("--port", type=port_argument, default=36001, help="port to listen on (default 36001)")
     parser.add_argument("--max-envs", type=int, default=64, help="live env instances allowed at once (default 64)")
     parser.add_argument("--options", default="{}", help="env options as JSON, e.g. '{\"max_steps\": 64}'")
     parser.add_argument(

@@ -12,9 +12,10 @@ import importlib
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
 from agentgym_rl.configs.errors import AgentGymError
+from agentgym_rl.configs.strict import StrictNumbers
 
 if TYPE_CHECKING:
     from agentgym_rl.actors.trajectory import Trajectory
@@ -41,8 +42,8 @@ ENTROPY = "entropy"
 VALUES = "values"
 
 
-class AlgorithmParams(BaseModel):
-    """Hyperparameters every algorithm has; subclasses add their own fields."""
+class AlgorithmParams(StrictNumbers):
+    """Hyperparameters every algorithm has; subclasses add their own fields (numbers refuse booleans)."""
 
     model_config = ConfigDict(extra="forbid")
 
