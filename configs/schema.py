@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from agentgym_rl.configs.engines import config_engine
+
 # Driver loops that train on a weighted mix of envs (`envs`).
 MIX_MODES = ("sync", "async")
 
@@ -109,10 +111,11 @@ class VLLMConfig(Section):
 
 
 class SamplerConfig(Section):
-    engine: Literal["transformers", "vllm"] = Field(
+    engine: str = Field(
         "transformers",
-        description="Generation engine: `transformers` (CPU or one GPU) or `vllm` (needs a CUDA GPU and "
-        "`pip install agentgym-rl[vllm]`; checked when the sampler starts).",
+        description="Generation engine: `transformers` (CPU or one GPU), `vllm` (needs a CUDA GPU and "
+        "`pip install agentgym-rl[vllm]`; checked when the sampler starts), a name registered with "
+        "`actors.engines.register_engine` (kept as the `package.module:Class` it stands for) or such a path.",
     )
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto",
@@ -210,6 +213,11 @@ class SamplerConfig(Section):
         return (self.max_envs_per_sampler or self.envs_per_sampler) * self.max_context_tokens
 
     @model_validator(mode="after")
+    @field_validator("engine")
+    @classmethod
+    def _registered_engine(cls, engine: str) -> str:
+        return config_engine(engine)
+
     def _pool_bounds(self) -> SamplerConfig:
         top = self.max_count if self.max_count is not None else self.count
         if not self.min_count <= self.count <= top:
@@ -637,11 +645,12 @@ class ServeConfig(Section):
         min_length=1,
         description="Bearer key every request must send; None reads AGENTGYM_RL_API_KEY, unset means no auth.",
     )
-    engine: Literal["transformers", "vllm"] | None = Field(
+    engine: str | None = Field(
         None,
         description="Engine of the model replicas: `transformers` (continuous batching over the sampler's decode "
-        "step) or `vllm` (vLLM's own async engine; needs `pip install agentgym-rl[vllm]`, checked at start). "
-        "None: the training sampler's engine (`sampler.engine`); `agentgym-rl serve`: transformers.",
+        "step), `vllm` (vLLM's own async engine; needs `pip install agentgym-rl[vllm]`, checked at start), or a "
+        "registered engine with a serving form (as for `sampler.engine`). None: the training sampler's engine "
+        "(`sampler.engine`); `agentgym-rl serve`: transformers.",
     )
     num_replicas: int = Field(1, ge=1, description="Model replicas when `autoscaling` is not set.")
     autoscaling: AutoscalingConfig | None = Field(
@@ -731,6 +740,11 @@ class Config(Section):
     """The whole training configuration; each component receives its own section."""
 
     run: RunConfig = Field(default_factory=RunConfig, description="Run name, directory and seed.")
+    @field_validator("engine")
+    @classmethod
+    def _registered_engine(cls, engine: str | None) -> str | None:
+        return None if engine is None else config_engine(engine)
+
     model: ModelConfig = Field(default_factory=ModelConfig, description="Policy model.")
     env: EnvConfig = Field(
         default_factory=EnvConfig, description="Training environment (unused for training when `envs` is set)."

@@ -12,11 +12,15 @@ from agentgym_rl.learner.algorithms import (
     GiGPO,
     PolicyGradient,
     PolicyGradientParams,
+    PolicyLoss,
     ReinforcePP,
     algorithm_names,
     build_algorithm,
+    policy_loss_names,
     register_algorithm,
+    register_policy_loss,
     resolve_algorithm,
+    resolve_policy_loss,
 )
 
 __all__ = [
@@ -31,9 +35,13 @@ __all__ = [
     "GiGPO",
     "PolicyGradient",
     "PolicyGradientParams",
+    "PolicyLoss",
     "ReinforcePP",
     "algorithm_names",
     "build_algorithm",
+    "policy_loss_names",
     "register_algorithm",
+    "register_policy_loss",
     "resolve_algorithm",
+    "resolve_policy_loss",
 ]

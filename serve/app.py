@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -15,6 +14,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from agentgym_rl.actors.cluster import actor_gpus
+from agentgym_rl.actors.engines import Engine, EngineUnavailableError, UnknownEngineError, engine_class
 from agentgym_rl.actors.lora import is_policy_dir, policy_source, read_checked_adapter
 from agentgym_rl.actors.models import model_dir
 from agentgym_rl.actors.rundir import POLICY_DIR, latest_if_run
@@ -63,7 +63,7 @@ class ServeArgs(BaseModel):
         "auto", description="Dtype the replica computes in (`auto`: bfloat16 where the hardware is fast at it)."
     )
     seed: int = Field(0, description="Seeds the sampling stream of each replica (requests without a seed).")
-    sampler_engine: Literal["transformers", "vllm"] = Field(
+    sampler_engine: str = Field(
         "transformers", description="The training sampler's engine: what `serve.engine: null` serves with."
     )
     app_name: str = Field(APP_NAME, description="Serve application name.")
@@ -96,7 +96,7 @@ class ServeArgs(BaseModel):
         )
 
     @property
-    def engine(self) -> Literal["transformers", "vllm"]:
+    def engine(self) -> str:
         """The replicas' engine: ``serve.engine``, else the training sampler's."""
         return self.serve.engine or self.sampler_engine
 
@@ -209,11 +209,20 @@ def replica_gpus(config: ServeConfig) -> float:
 
 
 def check_engine(engine: str) -> None:
-    """Raise ServeError when ``engine`` cannot be imported here (checked before any replica starts)."""
-    if engine == "vllm" and importlib.util.find_spec("vllm") is None:
+    """Raise ServeError when the registered ``engine`` cannot serve here: it cannot be imported, has no serving
+    form, or lacks a package (checked before any replica starts)."""
+    try:
+        cls = engine_class(engine)
+    except UnknownEngineError as exc:
+        raise ServeError(f"serve.engine: {exc}") from None
+    try:
+        cls.check_available(f"serve.engine={engine!r}")
+    except EngineUnavailableError as exc:
+        raise ServeError(str(exc)) from None
+    if cls.build_serving.__func__ is Engine.build_serving.__func__:  # the base's: no serving form
         raise ServeError(
-            "serve.engine='vllm' needs the vllm package, which is not installed: pip install 'agentgym-rl[vllm]' "
-            "(a CUDA GPU, or vLLM's CPU build), or set serve.engine=transformers"
+            f"serve.engine={engine!r} has no serving form (its class does not override Engine.build_serving); "
+            "set serve.engine=transformers"
         )
 
 

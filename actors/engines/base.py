@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Hashable, Iterable
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
@@ -13,7 +13,10 @@ from agentgym_rl.actors.transport import DeviceIdentity, SharedWeights, device_i
 from agentgym_rl.actors.weight_sync import GroupAddress, WeightGroup
 from agentgym_rl.actors.weights import WeightsPayload, unpack_state_dict
 from agentgym_rl.configs.errors import AgentGymError
-from agentgym_rl.configs.schema import SamplingConfig
+from agentgym_rl.configs.schema import SamplingConfig, VLLMConfig
+
+if TYPE_CHECKING:
+    from agentgym_rl.actors.engines.serving import ServingEngine
 
 
 @dataclass(frozen=True)
@@ -32,8 +35,30 @@ class Generation:
     finish_reason: Literal["stop", "length"]
 
 
+@dataclass(frozen=True)
+class EngineSpec:
+    """What every engine is built from: the one argument of :meth:`Engine.build`, whatever the engine.
+
+    An engine reads the fields it needs and ignores the rest.
+    """
+
+    model_name: str  # a built-in model name or a local Hugging Face directory
+    dtype: Literal["float32", "bfloat16"]  # resolved (never ``auto``)
+    seed: int  # seeds the engine's own sampling stream
+    stop_token_ids: list[int]  # ids that end a turn
+    pad_token_id: int
+    max_cached_tokens: int = 0  # keys/values kept between an episode's turns (0: none)
+    adapter: str | None = None  # a LoRA adapter directory (base ``model_name``) applied before the first generation
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)  # the vLLM engine's settings
+    fit_cache_to_memory: bool = False  # on a GPU: keep at most what half the memory free after loading holds
+
+
 class EngineUnavailableError(AgentGymError, RuntimeError):
     """The engine cannot run on this machine (a missing package or device); the message says what to install."""
+
+
+class UnknownEngineError(AgentGymError, ValueError):
+    """An engine name that is not registered, or a ``package.module:Class`` that does not name an engine."""
 
 
 class Engine(abc.ABC):
@@ -47,6 +72,44 @@ class Engine(abc.ABC):
     weights_version: int = 0
     stats: dict[str, int]
     weight_group: WeightGroup | None = None  # the learner's broadcast group, once joined
+
+    @classmethod
+    @abc.abstractmethod
+    def build(cls, spec: EngineSpec) -> Engine:
+        """The engine a sampler generates with (what ``make_engine`` returns for this engine's name).
+
+        Raises:
+            EngineUnavailableError: the engine cannot run here.
+        """
+
+    @classmethod
+    def build_serving(cls, spec: EngineSpec, *, max_rows: int, max_kv_tokens: int, max_requests: int) -> ServingEngine:
+        """The engine's serving form for the HTTP endpoint (continuous batching, token streaming); by default
+        there is none.
+
+        Args:
+            spec: as for :meth:`build`.
+            max_rows: most completions decoding at once.
+            max_kv_tokens: bound on the running batch's key/value positions (an engine that sizes its own cache
+                may ignore it).
+            max_requests: requests in flight (decoding or waiting) beyond which new ones are refused.
+
+        Raises:
+            EngineUnavailableError: the engine has no serving form, or cannot run here.
+        """
+        raise EngineUnavailableError(
+            f"engine {cls.__qualname__} has no serving form; serve with serve.engine=transformers (or vllm), or "
+            "give the engine a build_serving method"
+        )
+
+    @classmethod
+    def check_available(cls, setting: str) -> None:
+        """Raise :class:`EngineUnavailableError` when this machine lacks what the engine needs (a package), before
+        any actor starts; by default nothing is missing.
+
+        Args:
+            setting: the setting that chose the engine, e.g. ``serve.engine='vllm'``, for the message.
+        """
 
     @abc.abstractmethod
     def generate(

@@ -17,11 +17,14 @@ import structlog
 import torch
 from transformers import DynamicCache, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
+from typing_extensions import override
 
-from agentgym_rl.actors.engines.base import Engine, Generation
+from agentgym_rl.actors.engines.base import Engine, EngineSpec, Generation
+from agentgym_rl.actors.engines.continuous import ContinuousBatcher
 from agentgym_rl.actors.engines.decode import DecodeBatch, Row
 from agentgym_rl.actors.engines.kv_cache import CachedPrefix, EpisodeKVCache, kv_bytes_per_token
 from agentgym_rl.actors.engines.sampling import SamplingParams, StopStrings
+from agentgym_rl.actors.engines.serving import ServingEngine
 from agentgym_rl.actors.lora import AdapterMerger, read_checked_adapter
 from agentgym_rl.actors.models import load_model, load_tokenizer
 from agentgym_rl.configs.schema import SamplingConfig
@@ -77,6 +80,28 @@ class TransformersEngine(Engine):
             budget = min(budget, self._tokens_in_free_memory(asked=budget))
         self.kv_cache = EpisodeKVCache(budget)
         self.counters = {"prefill_tokens": 0, "reused_tokens": 0}
+
+    @classmethod
+    @override
+    def build(cls, spec: EngineSpec) -> TransformersEngine:
+        return cls(
+            model_name=spec.model_name,
+            dtype=spec.dtype,
+            seed=spec.seed,
+            stop_token_ids=spec.stop_token_ids,
+            pad_token_id=spec.pad_token_id,
+            max_cached_tokens=spec.max_cached_tokens,
+            adapter=spec.adapter,
+            fit_cache_to_memory=spec.fit_cache_to_memory,
+        )
+
+    @classmethod
+    @override
+    def build_serving(cls, spec: EngineSpec, *, max_rows: int, max_kv_tokens: int, max_requests: int) -> ServingEngine:
+        """Continuous batching over this engine's decode step (``ContinuousBatcher``)."""
+        return ContinuousBatcher(
+            cls.build(spec), max_rows=max_rows, max_kv_tokens=max_kv_tokens, max_requests=max_requests
+        )
 
     def _tokens_in_free_memory(self, asked: int) -> int:
         """Key/value positions that half the GPU memory free now holds: a decode batch copies the positions

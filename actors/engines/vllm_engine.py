@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import importlib.util
 import itertools
 import pickle
 import threading
@@ -34,8 +35,9 @@ from collections.abc import AsyncIterator, Coroutine, Hashable
 from typing import Any
 
 import torch
+from typing_extensions import override
 
-from agentgym_rl.actors.engines.base import Engine, EngineUnavailableError, Generation
+from agentgym_rl.actors.engines.base import Engine, EngineSpec, EngineUnavailableError, Generation
 from agentgym_rl.actors.engines.sampling import SamplingParams
 from agentgym_rl.actors.engines.serving import ChoiceDelta, CompletionRequest, ServingEngine, choice_seed
 from agentgym_rl.actors.lora import AdapterMerger, read_checked_adapter
@@ -197,6 +199,39 @@ class VLLMEngine(Engine):
         if adapter is not None:
             saved = read_checked_adapter(adapter, model_name)
             self._merge_and_load(saved.tensors, saved.scale)
+
+    @classmethod
+    @override
+    def build(cls, spec: EngineSpec) -> VLLMEngine:
+        return cls._from_spec(spec, max_num_seqs=None)
+
+    @classmethod
+    def _from_spec(cls, spec: EngineSpec, max_num_seqs: int | None) -> VLLMEngine:
+        return cls(
+            model_name=spec.model_name,
+            dtype=spec.dtype,
+            seed=spec.seed,
+            stop_token_ids=spec.stop_token_ids,
+            max_num_seqs=max_num_seqs,
+            adapter=spec.adapter,
+            **spec.vllm.model_dump(),
+        )
+
+    @classmethod
+    @override
+    def build_serving(cls, spec: EngineSpec, *, max_rows: int, max_kv_tokens: int, max_requests: int) -> ServingEngine:
+        """vLLM's own asynchronous engine, decoding at most ``max_rows`` sequences; it sizes its paged cache from
+        the GPU memory it is given (``max_kv_tokens`` is not used)."""
+        return VLLMServingEngine(cls._from_spec(spec, max_num_seqs=max_rows), max_requests=max_requests)
+
+    @classmethod
+    @override
+    def check_available(cls, setting: str) -> None:
+        if importlib.util.find_spec("vllm") is None:
+            raise EngineUnavailableError(
+                f"{setting} needs the vllm package, which is not installed: pip install 'agentgym-rl[vllm]' "
+                "(a CUDA GPU, or vLLM's CPU build), or use the transformers engine"
+            )
 
     def _run(self, coroutine: Coroutine) -> Any:
         """Run ``coroutine`` on the engine's loop and wait for its result (from any other thread)."""

@@ -19,7 +19,11 @@ from agentgym_rl.learner.algorithms.policy_gradient import (
     GroupRelativeParams,
     PolicyGradient,
     PolicyGradientParams,
+    PolicyLoss,
     TurnCreditParams,
+    policy_loss_names,
+    register_policy_loss,
+    resolve_policy_loss,
 )
 from agentgym_rl.learner.algorithms.ppo import PPO
 from agentgym_rl.learner.algorithms.reinforce_pp import ReinforcePP
@@ -42,11 +46,15 @@ __all__ = [
     "GroupRelativeParams",
     "PolicyGradient",
     "PolicyGradientParams",
+    "PolicyLoss",
     "ReinforcePP",
     "TurnCreditParams",
     "algorithm_names",
     "build_algorithm",
     "build_pairs",
+    "policy_loss_names",
     "register_algorithm",
+    "register_policy_loss",
     "resolve_algorithm",
+    "resolve_policy_loss",
 ]

@@ -9,10 +9,12 @@ against the sampler/learner mismatch, plus the KL loss term and the entropy bonu
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, Literal
+import importlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import torch
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from typing_extensions import override
 
 from agentgym_rl.learner.advantages import discounted_turn_returns, turn_rewards, uniform_groups
@@ -30,6 +32,7 @@ from agentgym_rl.learner.algorithms.base import (
     TURN_CAPPED,
     TURN_IDS,
     Algorithm,
+    AlgorithmConfigError,
     AlgorithmParams,
 )
 from agentgym_rl.learner.losses import (
@@ -44,6 +47,117 @@ from agentgym_rl.learner.losses import (
 
 if TYPE_CHECKING:
     from agentgym_rl.actors.trajectory import Trajectory
+
+
+class PolicyLoss(Protocol):
+    """A surrogate loss (``algorithm.policy_loss``), the one signature of the policy-loss registry.
+
+    Args:
+        logprobs: (B, T) current policy log-probabilities (with grad).
+        old_logprobs: (B, T) log-probabilities of the policy that sampled the data (the ratio's denominator).
+        advantages: (B, T) per-token advantages.
+        mask: (B, T) 1 on sampled tokens.
+        config: the algorithm's hyperparameters (``clip_range``, ``dual_clip``, a subclass's own keys).
+
+    Returns:
+        ((B, T) loss to minimise, before aggregation; (B, T) float mask of tokens where a clip was active,
+        reported as ``learner/pg_clipfrac``).
+    """
+
+    def __call__(
+        self,
+        *,
+        logprobs: torch.Tensor,
+        old_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        config: PolicyGradientParams,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+_POLICY_LOSSES: dict[str, PolicyLoss] = {}
+
+
+def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
+    """Decorator: make a :class:`PolicyLoss` selectable as ``algorithm.policy_loss: <name>`` by every
+    policy-gradient algorithm (verl's ``register_policy_loss``), in the process that runs this."""
+
+    def register(loss: PolicyLoss) -> PolicyLoss:
+        _POLICY_LOSSES[name] = loss
+        return loss
+
+    return register
+
+
+def policy_loss_names() -> list[str]:
+    """Registered policy-loss names, sorted."""
+    return sorted(_POLICY_LOSSES)
+
+
+def resolve_policy_loss(name: str) -> PolicyLoss:
+    """The loss registered as ``name``, or the function a ``package.module:function`` path names (a process such
+    as a learner actor then finds a loss registered elsewhere).
+
+    Raises:
+        AlgorithmConfigError: unknown name (listing the registered ones), unimportable path, or not callable.
+    """
+    if ":" not in name:
+        if name not in _POLICY_LOSSES:
+            raise AlgorithmConfigError(
+                f"unknown policy loss {name!r}; registered: {', '.join(policy_loss_names())} "
+                "(or give package.module:function)"
+            )
+        return _POLICY_LOSSES[name]
+    module_name, _, attr = name.partition(":")
+    try:
+        loss = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as exc:  # ValueError: an empty or relative module name
+        raise AlgorithmConfigError(f"policy loss {name!r} cannot be imported: {exc}") from exc
+    if not callable(loss):
+        raise AlgorithmConfigError(f"policy loss {name!r} is not a function")
+    return loss
+
+
+@register_policy_loss("ppo")
+def ppo_loss(
+    *,
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    config: PolicyGradientParams,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's per-token clipped ratio, with the dual clip when set (:func:`learner.losses.clipped_policy_loss`)."""
+    low, high = config.clip_range
+    return clipped_policy_loss(logprobs, old_logprobs, advantages, low, high, config.dual_clip)
+
+
+@register_policy_loss("gspo")
+def gspo_loss(
+    *,
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    config: PolicyGradientParams,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GSPO's clipped sequence ratio (:func:`learner.losses.gspo_policy_loss`)."""
+    low, high = config.clip_range
+    return gspo_policy_loss(logprobs, old_logprobs, advantages, mask, low, high)
+
+
+@register_policy_loss("cispo")
+def cispo_loss(
+    *,
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    config: PolicyGradientParams,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """CISPO's clipped, detached importance weight (:func:`learner.losses.cispo_policy_loss`)."""
+    low, high = config.clip_range
+    return cispo_policy_loss(logprobs, old_logprobs, advantages, low, high)
 
 
 class PolicyGradientParams(AlgorithmParams):
@@ -65,11 +179,12 @@ class PolicyGradientParams(AlgorithmParams):
     dual_clip: float | None = Field(
         None, gt=1.0, description="Dual-clip constant c > 1 for negative advantages (policy_loss=ppo only)."
     )
-    policy_loss: Literal["ppo", "gspo", "cispo"] = Field(
+    policy_loss: str = Field(
         "ppo",
         description="Surrogate: `ppo` (per-token ratio, clipped), `gspo` (one length-normalised ratio per "
-        "episode, clipped; arXiv 2507.18071) or `cispo` (REINFORCE weighted by the clipped, detached ratio; "
-        "arXiv 2506.13585). The clip range is clip_low/clip_high either way.",
+        "episode, clipped; arXiv 2507.18071), `cispo` (REINFORCE weighted by the clipped, detached ratio; "
+        "arXiv 2506.13585), a loss registered with `learner.register_policy_loss`, or its "
+        "`package.module:function`. The clip range is clip_low/clip_high either way.",
     )
     rollout_correction: Literal["none", "tis", "mis"] = Field(
         "none",
@@ -97,6 +212,12 @@ class PolicyGradientParams(AlgorithmParams):
         description="Episodes cut by the horizon or context: keep their reward, set it to 0, or leave them "
         "out of the loss.",
     )
+
+    @field_validator("policy_loss")
+    @classmethod
+    def _registered_policy_loss(cls, name: str) -> str:
+        resolve_policy_loss(name)
+        return name
 
     @model_validator(mode="after")
     def _dual_clip_fits_the_loss(self) -> PolicyGradientParams:
@@ -202,13 +323,14 @@ class PolicyGradient(Algorithm):
 
     def surrogate(self, batch: dict[str, torch.Tensor], logprobs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The configured surrogate's per-token loss and clip mask, both (B, T)."""
-        low, high = self.config.clip_range
-        old, advantages = batch[OLD_LOGPROBS], batch[ADVANTAGES]
-        if self.config.policy_loss == "gspo":
-            return gspo_policy_loss(logprobs, old, advantages, batch[LOSS_MASK], low, high)
-        if self.config.policy_loss == "cispo":
-            return cispo_policy_loss(logprobs, old, advantages, low, high)
-        return clipped_policy_loss(logprobs, old, advantages, low, high, self.config.dual_clip)
+        loss = resolve_policy_loss(self.config.policy_loss)
+        return loss(
+            logprobs=logprobs,
+            old_logprobs=batch[OLD_LOGPROBS],
+            advantages=batch[ADVANTAGES],
+            mask=batch[LOSS_MASK],
+            config=self.config,
+        )
 
     def policy_loss(
         self, batch: dict[str, torch.Tensor], forward_out: dict[str, torch.Tensor]
