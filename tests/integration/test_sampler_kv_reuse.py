@@ -17,7 +17,7 @@ STOP = "e"  # frequent in the random model's text, so most turns end on it
 # Largest log-prob difference between reused and recomputed keys/values, by the dtype the engine computes in.
 # bfloat16 keeps 8 significant bits (2^-8 = 0.004 relative), and a key computed with one turn's tokens and the same
 # key recomputed with the whole prompt may round apart: 4.9e-4 measured on an AMD EPYC family 25 running `auto` in
-# bfloat16, 1e-6 on family 26 (bfloat16 too), under 1e-6 in float32.
+# bfloat16, 1e-6 on family 26 (bfloat16 too).
 LOGPROB_TOLERANCE = {"float32": 1e-5, "bfloat16": 4e-3}
 
 
