@@ -111,12 +111,9 @@ class LearnerActor:
         master_port: int = 0,
         offload_optimizer: bool = False,
     ) -> None:
-        hide_unreserved_gpus()
-        set_torch_threads(learner.num_threads)
-        torch.manual_seed(seed)
-        self.device = learner_device(learner.device)
-        return_large_frees_to_the_os()
+        self._set_up_process(learner, seed)
         self.config = learner
+        self.model_config = model
         self.published_bytes = 0
         self.offload_optimizer = offload_optimizer
         self.events = Timeline()
@@ -125,43 +122,79 @@ class LearnerActor:
         self.tokenizer = load_tokenizer(model.name)
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.algorithm = build_algorithm(algorithm.name, algorithm.model_extra or {})
-        self.model_config = model
         self.precision = resolve_precision(learner.precision, self.device)
         compute_dtype = "bfloat16" if self.precision == "bf16-mixed" else "float32"
         self.publish_dtype = resolve_dtype(sampler_dtype)
-        # The trained weights of record stay float32; under bf16-mixed a bfloat16 copy (or DeepSpeed's) computes.
-        # A LoRA run trains a float32 adapter over the exact base, which it loads in the compute dtype (no float32
-        # copy of a frozen base); a full run starts from the base with any adapter merged.
-        self.policy = (
+        self.policy = self._load_policy(compute_dtype)
+        self.reference = self._load_reference(compute_dtype)
+        self.critic = self._load_critic()
+        self._build_optimizer(total_updates)
+        # Counted before ZeRO-3 (if chosen) partitions the parameters.
+        self.num_parameters = sum(p.numel() for p in self.policy.parameters())
+        self._build_backend(rank=rank, world_size=world_size, master_addr=master_addr, master_port=master_port)
+        self.shuffle = torch.Generator().manual_seed(seed)
+        self.version = 0
+        self.events.add("ready")
+
+    def _set_up_process(self, learner: LearnerConfig, seed: int) -> None:
+        """Claim this process: only the GPU it reserved, its torch threads, the run seed, its device
+        (``self.device``), and large frees returned to the OS."""
+        hide_unreserved_gpus()
+        set_torch_threads(learner.num_threads)
+        torch.manual_seed(seed)
+        self.device = learner_device(learner.device)
+        return_large_frees_to_the_os()
+
+    def _load_policy(self, compute_dtype: str) -> torch.nn.Module:
+        """The trainable policy on ``self.device``, in training mode.
+
+        The trained weights of record stay float32; under bf16-mixed a bfloat16 copy (or DeepSpeed's) computes.
+        A LoRA run trains a float32 adapter over the exact base, which it loads in the compute dtype (no float32
+        copy of a frozen base); a full run starts from the base with any adapter merged.
+        """
+        model, learner = self.model_config, self.config
+        policy = (
             load_model(model.name, compute_dtype) if learner.lora.enabled else load_policy(model.name, model.adapter)
         )
         if learner.gradient_checkpointing:
             # transformers 5 renamed the switch; older releases only have the first name.
-            enable = getattr(self.policy, "activation_checkpointing_enable", None)
-            (enable or self.policy.gradient_checkpointing_enable)()
-            self.policy.config.use_cache = False
+            enable = getattr(policy, "activation_checkpointing_enable", None)
+            (enable or policy.gradient_checkpointing_enable)()
+            policy.config.use_cache = False
             if learner.lora.enabled:  # checkpointed blocks need an input that requires grad
-                self.policy.enable_input_require_grads()
+                policy.enable_input_require_grads()
         if learner.lora.enabled:
-            self.policy = apply_lora(self.policy, learner.lora)
+            policy = apply_lora(policy, learner.lora)
             if model.adapter is not None:  # go on training a saved adapter (e.g. an SFT stage's)
                 saved = read_checked_adapter(model.adapter, model.name)
                 check_adapter_matches(saved, learner.lora, model.adapter)
-                load_adapter_state_dict(self.policy, saved.tensors)
+                load_adapter_state_dict(policy, saved.tensors)
                 if self.algorithm.needs_reference:  # the reference: the starting adapter, frozen beside it
-                    add_reference_adapter(self.policy, learner.lora, saved.tensors)
-        self.policy.to(self.device).train()
-        # A full run's reference is a model of its own; a LoRA run's is its policy with the starting adapter (or
-        # none) in place of the trained one (``_as_reference``), so the base weights are held once.
-        self.reference = None
-        if self.algorithm.needs_reference and not learner.lora.enabled:
-            reference = load_policy(model.name, model.adapter, compute_dtype)
-            self.reference = reference.requires_grad_(False).to(self.device)
-        self.critic = None
+                    add_reference_adapter(policy, learner.lora, saved.tensors)
+        return policy.to(self.device).train()
+
+    def _load_reference(self, compute_dtype: str) -> torch.nn.Module | None:
+        """A full run's frozen reference model (when the algorithm needs one). A LoRA run's reference is its policy
+        with the starting adapter (or none) in place of the trained one (``_as_reference``), so the base weights
+        are held once: None here."""
+        if not self.algorithm.needs_reference or self.config.lora.enabled:
+            return None
+        reference = load_policy(self.model_config.name, self.model_config.adapter, compute_dtype)
+        return reference.requires_grad_(False).to(self.device)
+
+    def _load_critic(self) -> ValueModel | None:
+        """The value model on ``self.device``, in training mode, when the algorithm needs a critic."""
+        if not self.algorithm.needs_critic:
+            return None
+        critic = ValueModel(load_policy(self.model_config.name, self.model_config.adapter)).to(self.device)
+        return critic.train()
+
+    def _build_optimizer(self, total_updates: int) -> None:
+        """AdamW over the trainable policy parameters (and the critic's, at ``critic_lr``) with the learning-rate
+        schedule over ``total_updates`` optimizer steps; counts the trainable parameters."""
+        learner = self.config
         groups = [{"params": [p for p in self.policy.parameters() if p.requires_grad], "lr": learner.lr}]
-        if self.algorithm.needs_critic:
-            self.critic = ValueModel(load_policy(model.name, model.adapter)).to(self.device)
-            self.critic.train()
+        if self.critic is not None:
             critic_lr = getattr(self.algorithm.config, "critic_lr", None) or learner.lr
             groups.append({"params": list(self.critic.parameters()), "lr": critic_lr})
         self.optimizer = torch.optim.AdamW(groups, lr=learner.lr, weight_decay=learner.weight_decay)
@@ -174,9 +207,12 @@ class LearnerActor:
                 schedule=learner.lr_schedule,
             ),
         )
-        # Counted before ZeRO-3 (if chosen) partitions the parameters.
-        self.num_parameters = sum(p.numel() for p in self.policy.parameters())
         self.num_trainable = sum(p.numel() for group in groups for p in group["params"])
+
+    def _build_backend(self, *, rank: int, world_size: int, master_addr: str, master_port: int) -> None:
+        """The backend that steps the optimizer (torch, or DeepSpeed in a process group of ``world_size``) and what
+        forward and backward run on: the policy (and critic) itself, or its bfloat16 copy."""
+        learner = self.config
         modules = torch.nn.ModuleDict({"policy": self.policy})
         if self.critic is not None:
             modules["critic"] = self.critic
@@ -204,12 +240,8 @@ class LearnerActor:
                 modules, self.optimizer, self.scheduler, grad_clip=learner.grad_clip, compute=self.mixed
             )
             compute = self.mixed.module if self.mixed is not None else modules
-        # What forward and backward run on: the policy (and critic) itself, or its bfloat16 copy.
         self.compute_policy = compute["policy"]
         self.compute_critic = compute["critic"] if self.critic is not None else None
-        self.shuffle = torch.Generator().manual_seed(seed)
-        self.version = 0
-        self.events.add("ready")
 
     def describe(self) -> dict:
         """Derived numbers logged once at start."""
