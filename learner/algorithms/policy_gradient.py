@@ -50,19 +50,7 @@ if TYPE_CHECKING:
 
 
 class PolicyLoss(Protocol):
-    """A surrogate loss (``algorithm.policy_loss``), the one signature of the policy-loss registry.
-
-    Args:
-        logprobs: (B, T) current policy log-probabilities (with grad).
-        old_logprobs: (B, T) log-probabilities of the policy that sampled the data (the ratio's denominator).
-        advantages: (B, T) per-token advantages.
-        mask: (B, T) 1 on sampled tokens.
-        config: the algorithm's hyperparameters (``clip_range``, ``dual_clip``, a subclass's own keys).
-
-    Returns:
-        ((B, T) loss to minimise, before aggregation; (B, T) float mask of tokens where a clip was active,
-        reported as ``learner/pg_clipfrac``).
-    """
+    """A surrogate loss (``algorithm.policy_loss``): the one signature of the policy-loss registry."""
 
     def __call__(
         self,
@@ -72,7 +60,20 @@ class PolicyLoss(Protocol):
         advantages: torch.Tensor,
         mask: torch.Tensor,
         config: PolicyGradientParams,
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The per-token loss of a micro-batch; the learner reduces it with ``config.aggregation``.
+
+        Args:
+            logprobs: (B, T) current policy log-probabilities (with grad).
+            old_logprobs: (B, T) log-probabilities of the policy that sampled the data (the ratio's denominator).
+            advantages: (B, T) per-token advantages.
+            mask: (B, T) 1 on sampled tokens.
+            config: the algorithm's hyperparameters (``clip_range``, ``dual_clip``, a subclass's own keys).
+
+        Returns:
+            ((B, T) loss to minimise; (B, T) float mask of tokens where a clip was active, reported as
+            ``learner/pg_clipfrac``).
+        """
 
 
 _POLICY_LOSSES: dict[str, PolicyLoss] = {}
