@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,3 +21,12 @@ def same_episodes(a: Path, b: Path) -> None:
 def cli_env() -> dict[str, str]:
     """The environment of a CLI subprocess: this one's, without RAY_ADDRESS (the command starts its own Ray)."""
     return {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """The installed ``agentgym-rl`` (or ``python -m agentgym_rl.driver.cli``) with ``args``, in its own Ray."""
+    cli = Path(sys.executable).parent / "agentgym-rl"
+    command = [str(cli)] if cli.exists() else [sys.executable, "-m", "agentgym_rl.driver.cli"]
+    return subprocess.run(
+        [*command, *args], cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=600, check=False
+    )
