@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from agentgym_rl.configs.engines import config_engine
+from agentgym_rl.configs.strict import StrictNumbers
 
 # Driver loops that train on a weighted mix of envs (`envs`).
 MIX_MODES = ("sync", "async")
 
 
-class Section(BaseModel):
-    """Base of every config section: unknown keys are errors, assignments are validated."""
+class Section(StrictNumbers):
+    """Base of every config section: unknown keys are errors, assignments are validated, numbers refuse booleans."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
