@@ -1,4 +1,5 @@
-"""The engine registry: what the config accepts and keeps, what a lookup finds, and what it refuses."""
+"""The engine registry: what the config accepts and keeps, what a lookup finds, and what it refuses (the serve
+app's check: tests/unit/serve/test_serve_engines.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,6 @@ from pydantic import ValidationError
 from agentgym_rl.actors.engines import UnknownEngineError, engine_class, engine_names, register_engine
 from agentgym_rl.actors.engines.transformers_engine import TransformersEngine
 from agentgym_rl.configs import Config
-from agentgym_rl.configs.schema import ServeConfig
-from agentgym_rl.serve.app import ServeArgs, ServeError, build_app
 from tests.integration.scripted_engine import ScriptedEngine
 
 
@@ -64,9 +63,3 @@ def test_register_engine_refuses_what_a_sampler_could_not_import(name, engine, r
 def test_a_path_that_names_no_engine_is_refused(path, refusal):
     with pytest.raises(UnknownEngineError, match=refusal):
         engine_class(path)
-
-
-def test_serving_an_engine_without_a_serving_form_fails_before_any_replica_starts():
-    register_engine("unit-scripted", ScriptedEngine)
-    with pytest.raises(ServeError, match="has no serving form"):
-        build_app(ServeArgs(model="tiny-random", serve=ServeConfig(engine="unit-scripted")))
