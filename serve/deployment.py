@@ -167,7 +167,7 @@ class PolicyModel:
 
     Args:
         source: checkpoint ``policy`` directory or model name the weights start from.
-        engine: ``transformers`` or ``vllm`` (see ``actors.engines.make_serving_engine``).
+        engine: a registered engine name or its ``package.module:Class`` (see ``actors.engines.make_serving_engine``).
         dtype: parameter dtype (``auto``: bfloat16 where the hardware is fast at it).
         seed: seeds the sampling stream of requests without a seed.
         max_batch_size: most completions decoding at once.
