@@ -625,6 +625,12 @@ class EpisodesConfig(Section):
         600.0, gt=0, description="An episode with no call or reward for this long expires and is dropped."
     )
     max_open: int = Field(1000, ge=1, description="Episodes kept at once (open or awaiting training); more: 429.")
+    max_open_per_client: int = Field(
+        100,
+        ge=1,
+        description="Open episodes one client may hold (a client: the bearer key it sends and its address); its "
+        "next one gets 429 while other clients still open theirs.",
+    )
     reward_range: tuple[float, float] = Field(
         (-10.0, 10.0), description="Lowest and highest reward a client may post (outside: 400)."
     )

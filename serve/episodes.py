@@ -14,6 +14,13 @@ The book below builds each call's prompt ids itself:
   client changed is a mismatch: the call is still served (from the client's text) but the episode is
   marked and never trains.
 
+A call is admitted under an id its route chose (``prepare``), and only that id records its reply or gives it
+up (``record``, ``abandon``): a route releases the episode on every way out of the call, even one that left
+before it learned whether the book admitted it, and never releases another call's.
+
+Each client (``client_of`` in ``serve.routes``: its bearer key and address) holds at most
+``serve.episodes.max_open_per_client`` open episodes, so one client's flood is refused to that client alone.
+
 Closing posts one outcome reward or one per turn. An episode idle for ``serve.episodes.ttl_s`` expires and
 is dropped. Closed episodes that did not mismatch become ``Trajectory`` records with the samplers' layout.
 The book lives in one Ray actor (``serve.deployment.episode_store``) that every replica of the endpoint
@@ -64,6 +71,7 @@ class Episode:
     group_key: str
     opened: float
     last_active: float
+    client: str
     opening: list[dict[str, str]] = field(default_factory=list)
     messages: list[dict[str, str]] = field(default_factory=list)  # the conversation so far, as the client sees it
     token_ids: list[int] = field(default_factory=list)
@@ -78,6 +86,7 @@ class Episode:
     mismatch: str | None = None
     truncated: bool = False
     pending: list[int] | None = None  # the continuation ids of a call being generated
+    call: str | None = None  # the id of that call
     step_rewards: list[float] = field(default_factory=list)
 
     def describe(self) -> dict:
@@ -133,8 +142,17 @@ class EpisodeBook:
 
     # ----------------------------------------------------------------------------- opening and looking up
 
-    def open(self, env: str, task_id: int, group: str | None) -> dict | Refusal:
+    def open(self, env: str, task_id: int, group: str | None, client: str) -> dict | Refusal:
+        """Open an episode for ``client`` (who it is, for ``max_open_per_client``)."""
         self.expire()
+        held = sum(e.client == client and e.status == "open" for e in self.episodes.values())
+        if held >= self.config.max_open_per_client:
+            return self._refuse(
+                429,
+                f"this client already holds {held} open episodes, the most one client may "
+                "(serve.episodes.max_open_per_client); post their rewards or let them expire first",
+                "too_many_episodes_for_client",
+            )
         if len(self.episodes) >= self.config.max_open:
             return self._refuse(
                 429,
@@ -152,6 +170,7 @@ class EpisodeBook:
             group_key=group if group is not None else episode_id,
             opened=now,
             last_active=now,
+            client=client,
         )
         self.episodes[episode_id] = episode
         self.counters["opened"] += 1
@@ -176,9 +195,12 @@ class EpisodeBook:
 
     # ----------------------------------------------------------------------------- calls
 
-    def prepare(self, token: str, messages: list[dict[str, str]], max_new_tokens: int) -> Prepared | Refusal:
-        """Admit one chat call of an episode: the prompt ids to generate from (the recorded ids and the new
-        message's continuation), or the client's own rendering when the history no longer matches."""
+    def prepare(
+        self, token: str, messages: list[dict[str, str]], max_new_tokens: int, *, call: str
+    ) -> Prepared | Refusal:
+        """Admit one chat call of an episode, ``call`` naming it: the prompt ids to generate from (the recorded
+        ids and the new message's continuation), or the client's own rendering when the history no longer
+        matches (then nothing is held for the call)."""
         found = self.find(token)
         if isinstance(found, Refusal):
             return found
@@ -193,7 +215,7 @@ class EpisodeBook:
         if not episode.turn_spans:
             if any(m["role"] == "assistant" for m in messages):
                 return self._refuse(
-                    400,
+                    409,
                     "an episode's first call opens the conversation: it holds no assistant message",
                     "invalid_episode_call",
                     "messages",
@@ -205,13 +227,13 @@ class EpisodeBook:
             episode.messages = list(messages)
             episode.token_ids, episode.loss_mask, episode.logprobs = list(ids), [0] * len(ids), [0.0] * len(ids)
             episode.prompt_length = len(ids)
-            episode.pending = []
+            episode.pending, episode.call = [], call
             return Prepared(prompt_ids=list(ids), recorded=True)
         known = episode.messages
         new = messages[len(known) :]
         if len(new) != 1 or new[0]["role"] != "user":
             return self._refuse(
-                400,
+                409,
                 f"each call of an episode repeats the conversation so far ({len(known)} messages) and adds one user "
                 f"message; this one has {len(messages)} messages, ending with {[m['role'] for m in new]}",
                 "invalid_episode_call",
@@ -231,22 +253,30 @@ class EpisodeBook:
         continuation = self.chat.continuation_ids(episode.token_ids[last_start:last_end], new[0]["content"])
         if refusal := self._over_budget(episode, len(episode.token_ids) + len(continuation), max_new_tokens):
             return refusal
-        episode.pending = continuation
+        episode.pending, episode.call = continuation, call
         episode.messages = [*known, new[0]]
         return Prepared(prompt_ids=episode.token_ids + continuation, recorded=True)
 
     def record(
-        self, token: str, token_ids: list[int], logprobs: list[float], version: int, capped: bool, text: str
+        self,
+        token: str,
+        token_ids: list[int],
+        logprobs: list[float],
+        version: int,
+        capped: bool,
+        text: str,
+        *,
+        call: str,
     ) -> dict | Refusal:
-        """Keep the reply sampled for the call ``prepare`` admitted last: its ids exactly as sampled, and
-        ``text``, the reply as the client got it (what its next call must repeat)."""
+        """Keep the reply sampled for ``call``, the call in progress: its ids exactly as sampled, and ``text``,
+        the reply as the client got it (what its next call must repeat)."""
         found = self.find(token)
         if isinstance(found, Refusal):
             return found
         episode = found
-        if episode.pending is None:
-            return self._refuse(409, f"episode {episode.id!r} has no call in progress", "episode_not_busy")
-        continuation, episode.pending = episode.pending, None
+        if episode.pending is None or episode.call != call:
+            return self._refuse(409, f"episode {episode.id!r} has no such call in progress", "episode_not_busy")
+        continuation, episode.pending, episode.call = episode.pending, None, None
         episode.token_ids += continuation
         episode.loss_mask += [0] * len(continuation)
         episode.logprobs += [0.0] * len(continuation)
@@ -262,16 +292,17 @@ class EpisodeBook:
         episode.last_active = self.clock()
         return episode.describe()
 
-    def abandon(self, token: str) -> None:
-        """Forget the call in progress (its generation failed); the episode stays as it was before it."""
-        found = self.find(token)
-        if isinstance(found, Episode) and found.pending is not None:
+    def abandon(self, token: str, *, call: str) -> None:
+        """Forget ``call`` if it is the call in progress (it ended without a reply); the episode is then as it
+        was before it. Anything else (no such call, another call, no episode) is left alone."""
+        found = self._lookup(token)
+        if isinstance(found, Episode) and found.pending is not None and found.call == call:
             if not found.turn_spans:  # the opening call: nothing was recorded before it
                 found.opening, found.messages, found.token_ids, found.loss_mask, found.logprobs = [], [], [], [], []
                 found.prompt_length = 0
             elif found.messages and found.messages[-1]["role"] == "user":
                 found.messages.pop()
-            found.pending = None
+            found.pending, found.call = None, None
 
     # ----------------------------------------------------------------------------- closing
 
@@ -292,7 +323,7 @@ class EpisodeBook:
         turns = len(episode.turn_spans)
         if rewards is not None and len(rewards) != turns:
             return self._refuse(
-                400,
+                409,
                 f"rewards has {len(rewards)} values for {turns} turns; give one per turn",
                 "invalid_reward",
                 "rewards",

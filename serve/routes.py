@@ -9,6 +9,7 @@ streams back what it samples. Failures are raised (``APIError``, validation erro
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import time
 import uuid
@@ -20,6 +21,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
+from starlette.types import Receive, Scope, Send
 
 from agentgym_rl.actors.chat import ChatFormat
 from agentgym_rl.actors.engines import ChoiceDelta, CompletionRequest, SamplingParams
@@ -73,12 +75,11 @@ def sampling_params(
     frequency_penalty: float | None = None,
     top_logprobs: int = 0,
 ) -> SamplingParams:
-    """Engine settings for an API request; temperature 0 means greedy (top-1) decoding."""
-    greedy = temperature == 0.0
+    """Engine settings for an API request (None: OpenAI's default of 1). A temperature or ``top_p`` below
+    ``GREEDY_BELOW`` (1e-5), temperature 0 included, is greedy decoding (see ``SamplingParams``)."""
     return SamplingParams(
-        temperature=1.0 if greedy or temperature is None else temperature,
-        top_k=1 if greedy else 0,
-        top_p=1.0 if greedy or top_p is None else top_p,
+        temperature=1.0 if temperature is None else temperature,
+        top_p=1.0 if top_p is None else top_p,
         max_new_tokens=max_new_tokens,
         stop=tuple(stop or ()),
         presence_penalty=presence_penalty or 0.0,
@@ -102,10 +103,10 @@ def fingerprint(weights_version: int) -> str:
 
 
 class EpisodeRecorder:
-    """Records the reply of one admitted episode call in the episode book, or gives the call up."""
+    """Records the reply of one admitted episode call (``call``: its id in the book), or gives the call up."""
 
-    def __init__(self, book: Any, token: str) -> None:
-        self.book, self.token, self.done = book, token, False
+    def __init__(self, book: Any, token: str, call: str) -> None:
+        self.book, self.token, self.call, self.done = book, token, call, False
 
     async def record(
         self,
@@ -118,14 +119,22 @@ class EpisodeRecorder:
         """Keep the sampled reply (``text``: as the client got it); a refusal from the book raises."""
         answered(
             await self.book.record.remote(
-                self.token, list(token_ids), list(logprobs), weights_version, finish_reason == "length", text
+                self.token,
+                list(token_ids),
+                list(logprobs),
+                weights_version,
+                finish_reason == "length",
+                text,
+                call=self.call,
             )
         )
         self.done = True
 
     async def abandon(self) -> None:
+        """Give the call up (the episode goes back to where it was before it). The book's call is sent before
+        the first await, so a caller cancelled meanwhile still releases the episode."""
         self.done = True
-        await self.book.abandon.remote(self.token)
+        await self.book.abandon.remote(self.token, call=self.call)
 
 
 def build_act_env(name: str) -> TextEnv:
@@ -253,9 +262,15 @@ class PolicyAPI:
                 self.envs[name] = await asyncio.to_thread(build_act_env, name)
         return self.envs[name]
 
-    def completion_request(self, body: ChatCompletionRequest, prompt_ids: list[int] | None = None) -> CompletionRequest:
-        """The engine request for a chat body, after the model id and every limit are checked; ``prompt_ids``:
-        an episode's prompt (built by its book) instead of the rendered messages."""
+    def completion_request(self, body: ChatCompletionRequest) -> CompletionRequest:
+        """The engine request for a chat body, after the model id and every limit are checked."""
+        params = self.sampling(body)
+        return CompletionRequest(
+            prompt_ids=self.prompt(messages_of(body)), params=params, n=body.n or 1, seed=body.seed
+        )
+
+    def sampling(self, body: ChatCompletionRequest) -> SamplingParams:
+        """The engine settings of a chat body, once its model id, ``n`` and token cap are checked (400/404)."""
         if body.model != self.model_id:
             raise APIError(
                 404,
@@ -266,7 +281,7 @@ class PolicyAPI:
         n = body.n or 1
         if n > self.limits.max_n:
             raise APIError(400, f"n={n} exceeds this server's cap of {self.limits.max_n} (serve.max_n)", param="n")
-        params = sampling_params(
+        return sampling_params(
             temperature=body.temperature,
             top_p=body.top_p,
             max_new_tokens=self.token_cap(body.requested_tokens, body.token_field),
@@ -275,9 +290,6 @@ class PolicyAPI:
             frequency_penalty=body.frequency_penalty,
             top_logprobs=body.top_logprobs or 0,
         )
-        if prompt_ids is None:
-            prompt_ids = self.prompt(messages_of(body))
-        return CompletionRequest(prompt_ids=prompt_ids, params=params, n=n, seed=body.seed)
 
     def reply(self, request: CompletionRequest) -> ReplyText:
         return ReplyText(self.chat.decode_reply, request.params.stop)
@@ -304,34 +316,42 @@ class PolicyAPI:
     async def complete_in_episode(self, token: str, body: ChatCompletionRequest) -> ChatCompletion | StreamingResponse:
         """A chat call of an episode: its book builds the prompt from the ids recorded so far, and the reply's
         ids and log-probs are recorded exactly as sampled (unless the client's history no longer matches). A
-        streamed call records its reply before the stream's last event."""
+        streamed call records its reply before the stream's last event.
+
+        Everything the request alone decides (model, ``n``, limits, sampling) is checked before the book holds
+        the episode for the call; from then on every way out that does not record a reply (a refusal, an
+        engine error, the client gone, a stream cut) gives the call up, and the episode is as it was before.
+        """
         if (body.n or 1) != 1:
             raise APIError(400, f"a call of an episode samples one reply; n must be 1 (got {body.n})", param="n")
-        cap = self.token_cap(body.requested_tokens, body.token_field)
-        prepared = answered(await self.book.prepare.remote(token, messages_of(body), cap))
-        request = self.completion_request(body, prepared.prompt_ids)
-        recorder = EpisodeRecorder(self.book, token) if prepared.recorded else None
+        params = self.sampling(body)
+        # The call's id is chosen here, so a call cancelled before the book answered can still be given up.
+        recorder = EpisodeRecorder(self.book, token, uuid.uuid4().hex)
         try:
+            prepare = self.book.prepare.remote(token, messages_of(body), params.max_new_tokens, call=recorder.call)
+            prepared = answered(await prepare)
+            request = CompletionRequest(prompt_ids=prepared.prompt_ids, params=params, seed=body.seed)
+            if not prepared.recorded:
+                recorder.done = True  # nothing is held for a call served from the client's own text
             if body.stream:
                 weights_version, stream = await self.open_stream(request)
-                events = self.sse(body, request, weights_version, stream, recorder)
-                return StreamingResponse(events, media_type="text/event-stream")
+                return self.event_stream(body, request, weights_version, stream, recorder)
             result = await self.policy.generate(request)
+            completion = self.completion(body, request, result)
+            if not recorder.done:
+                choice = result.choices[0]
+                await recorder.record(
+                    choice.token_ids,
+                    choice.logprobs,
+                    result.weights_version,
+                    choice.finish_reason,
+                    completion.choices[0].message.content,
+                )
+            return completion
         except BaseException:
-            if recorder is not None:  # the episode goes back to where it was before this call
+            if not recorder.done:
                 await recorder.abandon()
             raise
-        completion = self.completion(body, request, result)
-        if recorder is not None:
-            choice = result.choices[0]
-            await recorder.record(
-                choice.token_ids,
-                choice.logprobs,
-                result.weights_version,
-                choice.finish_reason,
-                completion.choices[0].message.content,
-            )
-        return completion
 
     def completion(
         self, body: ChatCompletionRequest, request: CompletionRequest, result: GenerateResult
@@ -374,6 +394,26 @@ class PolicyAPI:
             raise
         return start.weights_version, stream
 
+    def event_stream(
+        self,
+        body: ChatCompletionRequest,
+        request: CompletionRequest,
+        weights_version: int,
+        stream: AsyncGenerator[StreamStart | list[ChoiceDelta], None],
+        recorder: EpisodeRecorder | None = None,
+    ) -> EventStream:
+        """The streamed response of an admitted generation; however it ends, the generation is closed (which
+        frees its rows at the engine's next step) and an episode call without a recorded reply is given up."""
+
+        async def release() -> None:
+            try:
+                await stream.aclose()
+            finally:
+                if recorder is not None and not recorder.done:
+                    await recorder.abandon()
+
+        return EventStream(self.sse(body, request, weights_version, stream, recorder), release)
+
     async def sse(
         self,
         body: ChatCompletionRequest,
@@ -383,10 +423,9 @@ class PolicyAPI:
         recorder: EpisodeRecorder | None = None,
     ) -> AsyncIterator[str]:
         """SSE events: a role chunk per choice, a chunk per group of sampled tokens as they arrive, each
-        choice's finish, the usage chunk when asked, then ``[DONE]``. Closing this generator (the client
-        went away) closes the generation, which frees its rows at the engine's next step. With ``recorder``
-        (an episode's call, one choice), the reply is recorded before the usage chunk and ``[DONE]``; a stream
-        that ends otherwise leaves the episode as it was before the call."""
+        choice's finish, the usage chunk when asked, then ``[DONE]``. With ``recorder`` (an episode's call,
+        one choice), the reply is recorded before the usage chunk and ``[DONE]``. Closing the generation is
+        :class:`EventStream`'s (see :meth:`event_stream`)."""
         ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
         def event(choices: list[ChunkChoice], usage: Usage | None = None) -> str:
@@ -439,10 +478,34 @@ class PolicyAPI:
             yield "data: [DONE]\n\n"
         except Exception as exc:  # noqa: BLE001 -- the status (200) is sent already; the stream ends with the error
             yield sse_error(exc)
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events whose ``release`` runs however the response ends: finished, failed, or cut by a
+    client that went away, even before the first event (an event generator that never started runs no
+    ``finally`` of its own, and Starlette does not close one it stopped reading)."""
+
+    def __init__(self, events: AsyncIterator[str], release: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(events, media_type="text/event-stream")
+        self.release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
         finally:
-            await stream.aclose()
-            if recorder is not None and not recorder.done:
-                await recorder.abandon()
+            try:
+                await self.body_iterator.aclose()
+            finally:
+                await self.release()
+
+
+def client_of(request: Request) -> str:
+    """Who a request comes from, for ``serve.episodes.max_open_per_client``: a digest of the bearer key it
+    sends (never the key itself) and its address."""
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    key = given.strip() if scheme.lower() == "bearer" else ""
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16] if key else "no-key"
+    return f"{digest}@{request.client.host if request.client is not None else 'unknown'}"
 
 
 def declare_limits(schemas: dict, api: PolicyAPI) -> None:
@@ -589,7 +652,7 @@ def build_api(api: PolicyAPI) -> FastAPI:
         await api.require_model()
         if body.stream:
             weights_version, stream = await api.open_stream(completion)
-            return StreamingResponse(api.sse(body, completion, weights_version, stream), media_type="text/event-stream")
+            return api.event_stream(body, completion, weights_version, stream)
         return await api.complete(body, completion)
 
     @app.post(
@@ -633,7 +696,8 @@ def build_api(api: PolicyAPI) -> FastAPI:
     )
     async def open_episode(request: Request) -> EpisodeOpened:
         body = await api.read_body(request, EpisodeOpenRequest)
-        return EpisodeOpened(**answered(await api.book.open.remote(body.env, body.task_id, body.group)))
+        opened = await api.book.open.remote(body.env, body.task_id, body.group, client_of(request))
+        return EpisodeOpened(**answered(opened))
 
     @app.get("/v1/episodes/{episode_id}", dependencies=authorised, responses=errors(*keyed, 400, 403, 404))
     async def episode(episode_id: str, token: EpisodeToken) -> EpisodeInfo:

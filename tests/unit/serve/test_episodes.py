@@ -11,6 +11,7 @@ from agentgym_rl.serve.episodes import EpisodeBook, Prepared, Refusal, token_of
 
 OPENING = [{"role": "system", "content": "You play a grid game."}, {"role": "user", "content": "You see a red ball."}]
 OBSERVATIONS = ["You moved forward.", "You see a wall."]
+CLIENT = "key-digest@127.0.0.1"
 
 
 class Clock:
@@ -47,10 +48,11 @@ def play(book: EpisodeBook, chat: ChatFormat, token: str, replies: list[str]) ->
     """Play ``replies`` as a client re-sending its whole history each call; returns the history."""
     messages = list(OPENING)
     for turn, text in enumerate(replies):
-        prepared = book.prepare(token, messages, max_new_tokens=16)
+        prepared = book.prepare(token, messages, max_new_tokens=16, call=f"call-{turn}")
         assert isinstance(prepared, Prepared) and prepared.recorded, prepared
         ids = sampled(chat, text)
-        book.record(token, ids, [-0.5] * len(ids), version=3 + turn, capped=False, text=chat.decode_reply(ids))
+        reply = chat.decode_reply(ids)
+        book.record(token, ids, [-0.5] * len(ids), version=3 + turn, capped=False, text=reply, call=f"call-{turn}")
         messages += [
             {"role": "assistant", "content": chat.decode_reply(sampled(chat, text))},
             {"role": "user", "content": OBSERVATIONS[turn]},
@@ -59,7 +61,7 @@ def play(book: EpisodeBook, chat: ChatFormat, token: str, replies: list[str]) ->
 
 
 def test_a_recorded_episode_trains_on_exactly_the_ids_it_sampled(book, chat):
-    token = book.open("babyai", 7, "task-7")["token"]
+    token = book.open("babyai", 7, "task-7", CLIENT)["token"]
     replies = ["go forward", "turn left"]
     history = play(book, chat, token, replies)
     assert book.close(token, reward=1.0, rewards=None)["trainable"]
@@ -82,10 +84,10 @@ def test_a_recorded_episode_trains_on_exactly_the_ids_it_sampled(book, chat):
 
 
 def test_a_changed_reply_is_served_but_marks_the_episode_which_never_trains(book, chat):
-    token = book.open("babyai", 1, None)["token"]
+    token = book.open("babyai", 1, None, CLIENT)["token"]
     history = play(book, chat, token, ["go forward"])
     history[2] = {"role": "assistant", "content": "pick up the ball"}  # the client rewrote its agent's reply
-    prepared = book.prepare(token, history, max_new_tokens=16)
+    prepared = book.prepare(token, history, max_new_tokens=16, call="changed")
     assert isinstance(prepared, Prepared) and not prepared.recorded
     assert prepared.prompt_ids == chat.prompt_ids(history)  # served from the client's own text
     info = book.describe(token)
@@ -103,22 +105,22 @@ def test_a_changed_reply_is_served_but_marks_the_episode_which_never_trains(book
         ("wrong secret", 403, "episode_forbidden"),
         ("reward twice", 409, "episode_closed"),
         ("reward out of range", 400, "invalid_reward"),
-        ("rewards per turn of the wrong length", 400, "invalid_reward"),
+        ("rewards per turn of the wrong length", 409, "invalid_reward"),
         ("call while one is in progress", 409, "episode_busy"),
         ("over the context budget", 400, "context_length_exceeded"),
-        ("two new messages", 400, "invalid_episode_call"),
+        ("two new messages", 409, "invalid_episode_call"),
         ("expired", 404, "episode_not_found"),
         ("too many open", 429, "too_many_episodes"),
     ],
 )
 def test_bad_requests_are_refused_naming_the_problem_and_lose_nothing(case, status, code, book, chat, clock):
-    token = book.open("babyai", 2, None)["token"]
+    token = book.open("babyai", 2, None, CLIENT)["token"]
     history = play(book, chat, token, ["go forward"])
     before = book.describe(token)
     episode_id, _, _ = token.partition(".")
     match case:
         case "unknown episode":
-            refusal = book.prepare("ep-0000.nothing", history, 16)
+            refusal = book.prepare("ep-0000.nothing", history, 16, call="c")
         case "wrong secret":
             refusal = book.close(f"{episode_id}.not-the-secret", 1.0, None)
         case "reward twice":
@@ -130,20 +132,20 @@ def test_bad_requests_are_refused_naming_the_problem_and_lose_nothing(case, stat
         case "rewards per turn of the wrong length":
             refusal = book.close(token, None, [0.0, 1.0])
         case "call while one is in progress":
-            assert isinstance(book.prepare(token, history, 16), Prepared)
-            refusal = book.prepare(token, history, 16)
-            book.abandon(token)
+            assert isinstance(book.prepare(token, history, 16, call="first"), Prepared)
+            refusal = book.prepare(token, history, 16, call="second")
+            book.abandon(token, call="first")
         case "over the context budget":
-            refusal = book.prepare(token, history, 400)
+            refusal = book.prepare(token, history, 400, call="c")
             before = {**before, "truncated": True}
         case "two new messages":
-            refusal = book.prepare(token, [*history, {"role": "user", "content": "and again"}], 16)
+            refusal = book.prepare(token, [*history, {"role": "user", "content": "and again"}], 16, call="c")
         case "expired":
             clock.now += 61
-            refusal = book.prepare(token, history, 16)
+            refusal = book.prepare(token, history, 16, call="c")
         case "too many open":
-            book.open("babyai", 3, None), book.open("babyai", 4, None)
-            refusal = book.open("babyai", 5, None)
+            book.open("babyai", 3, None, CLIENT), book.open("babyai", 4, None, CLIENT)
+            refusal = book.open("babyai", 5, None, CLIENT)
     assert isinstance(refusal, Refusal) and (refusal.status, refusal.code) == (status, code), refusal
     assert refusal.message
     if case != "expired":
@@ -159,14 +161,40 @@ def test_a_call_tags_its_episode_by_header_or_user_field():
 
 
 def test_a_lookup_of_a_gone_episode_answers_404_without_counting_as_refused(book, chat):
-    token = book.open("babyai", 7, None)["token"]
+    token = book.open("babyai", 7, None, CLIENT)["token"]
     play(book, chat, token, ["go forward"])
     book.close(token, reward=1.0, rewards=None)
     book.harvest()  # taken for training: a paced client now polls until it is gone
     gone = book.describe(token)
     assert isinstance(gone, Refusal) and (gone.status, gone.code) == (404, "episode_not_found")
     assert book.stats()["refused"] == 0
-    assert isinstance(book.prepare(token, OPENING, 16), Refusal)  # a call on it is a refused request
-    forbidden = book.describe(f"{book.open('babyai', 8, None)['id']}.not-the-secret")
+    assert isinstance(book.prepare(token, OPENING, 16, call="c"), Refusal)  # a call on it is a refused request
+    forbidden = book.describe(f"{book.open('babyai', 8, None, CLIENT)['id']}.not-the-secret")
     assert isinstance(forbidden, Refusal) and forbidden.status == 403
     assert book.stats()["refused"] == 2
+
+
+def test_only_the_call_in_progress_records_or_gives_itself_up(book, chat):
+    token = book.open("babyai", 9, None, CLIENT)["token"]
+    history = play(book, chat, token, ["go forward"])
+    before = book.describe(token)
+    assert isinstance(book.prepare(token, history, 16, call="held"), Prepared)
+    book.abandon(token, call="another")  # e.g. a call the book refused as busy, released on its way out
+    refused = book.record(token, [5, 6], [-1.0, -1.0], version=3, capped=False, text="x", call="another")
+    assert isinstance(refused, Refusal) and refused.code == "episode_not_busy"
+    book.abandon(token, call="held")
+    assert book.describe(token) == before
+    book.abandon(token, call="held")  # twice, or after the reply was recorded: nothing happens
+    assert isinstance(book.prepare(token, history, 16, call="next"), Prepared)
+
+
+def test_one_client_at_its_bound_is_refused_while_another_still_opens(clock):
+    config = EpisodesConfig(max_open=10, max_open_per_client=2)
+    book = EpisodeBook(TINY_RANDOM, config, max_prompt_tokens=400, clock=clock)
+    first = [book.open("babyai", task, None, "flood@10.0.0.1") for task in range(2)]
+    refusal = book.open("babyai", 2, None, "flood@10.0.0.1")
+    assert isinstance(refusal, Refusal) and (refusal.status, refusal.code) == (429, "too_many_episodes_for_client")
+    assert "max_open_per_client" in refusal.message
+    assert "token" in book.open("babyai", 3, None, "other@10.0.0.2")
+    book.close(first[0]["token"], reward=1.0, rewards=None)  # a closed episode no longer counts as open
+    assert "token" in book.open("babyai", 4, None, "flood@10.0.0.1")
