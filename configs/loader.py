@@ -90,6 +90,15 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
+def one_line(message: str) -> str:
+    """``message`` on one line: a config error's per-key lines follow its heading, joined by ``;``."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if len(lines) < 2:
+        return message.strip()
+    head, rest = lines[0], lines[1:]
+    return f"{head} {'; '.join(rest)}" if head.endswith(":") else "; ".join(lines)
+
+
 def load_config(
     path: str | Path | None = None,
     overrides: list[str] | None = None,

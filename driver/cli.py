@@ -23,7 +23,7 @@ from agentgym_rl.actors.logs import configure_logging
 from agentgym_rl.actors.rundir import RunDir
 from agentgym_rl.configs import load_config
 from agentgym_rl.configs.errors import AgentGymError
-from agentgym_rl.configs.loader import format_validation_error, port_argument
+from agentgym_rl.configs.loader import format_validation_error, one_line, port_argument
 from agentgym_rl.driver.errors import TrainError
 from agentgym_rl.driver.run import algorithm_keys, check_algorithm, prepare_run, train
 from agentgym_rl.envs import EnvError, env_class, make, names
@@ -454,15 +454,6 @@ def main(argv: list[str] | None = None) -> int:
         stop = stopped(interrupt)
         print(f"agentgym-rl: stopped by {stop.signal_name}", file=sys.stderr)
         return stop.exit_code
-
-
-def one_line(message: str) -> str:
-    """``message`` on one line: a config error's per-key lines follow its heading, joined by ``;``."""
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    if len(lines) < 2:
-        return message.strip()
-    head, rest = lines[0], lines[1:]
-    return f"{head} {'; '.join(rest)}" if head.endswith(":") else "; ".join(lines)
 
 
 if __name__ == "__main__":

@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
 import pydantic
 
-from agentgym_rl.configs.loader import port_argument
+from agentgym_rl.configs.loader import ConfigError, format_validation_error, port_argument
 from agentgym_rl.envs.base import EnvError
 from agentgym_rl.envs.http.models import PROTOCOLS
 from agentgym_rl.envs.http.server import serve
@@ -49,7 +48,11 @@ def parse_options(text: str) -> dict:
 
 
 def run_server(args: argparse.Namespace) -> int:
-    """Serve ``args.env``; returns 2 (after saying why) for a bad env name or bad options."""
+    """Serve ``args.env`` until interrupted.
+
+    Raises:
+        ConfigError: a bad env name or bad options (the message names them).
+    """
     token = args.token or os.environ.get("AGENTGYM_ENV_TOKEN") or None
     try:
         options = parse_options(args.options)
@@ -62,7 +65,8 @@ def run_server(args: argparse.Namespace) -> int:
             token=token,
             protocol=args.protocol,
         )
-    except (ValueError, TypeError, pydantic.ValidationError, EnvError) as exc:
-        print(f"env-server: error: {exc}", file=sys.stderr)
-        return 2
+    except pydantic.ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, f"env-server {args.env}")) from None
+    except (ValueError, TypeError, EnvError) as exc:
+        raise ConfigError(str(exc)) from None
     return 0

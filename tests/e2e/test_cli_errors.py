@@ -67,6 +67,10 @@ CASES = {
     "serve port too high": (["serve", "--model", "tiny-random", "--port", "65536"], "--port: 65536 is not a port"),
     "view port not a number": (["view", "{tmp}", "--port", "http"], "--port: 'http' is not a port number"),
     "serve.port key out of range": (["train", "--set", "serve.port=70000"], "serve.port"),
+    # the env server's own settings
+    "env-server option unknown": (["env-server", "babyai", "--options", '{{"colour": 1}}'], "colour: unknown key"),
+    "env-server max envs 0": (["env-server", "babyai", "--max-envs", "0"], "max_envs"),
+    "env-server unknown env": (["env-server", "nonesuch"], "unknown env 'nonesuch'"),
     # what argparse refuses takes the same path
     "unknown option": (["train", "--iterations", "2"], "unrecognized arguments: --iterations"),
     "unknown command": (["trian"], "invalid choice: 'trian'"),

@@ -1,4 +1,4 @@
-"""Numbers refuse booleans in every config section and in the algorithms' hyperparameters."""
+"""Numbers refuse booleans in every config section (the algorithms' hyperparameters: tests/unit/learner)."""
 
 from typing import Annotated, Any, Literal
 
@@ -7,8 +7,6 @@ from pydantic import Field, ValidationError
 
 from agentgym_rl.configs import Config, ConfigError, load_config
 from agentgym_rl.configs.strict import bool_as_number
-from agentgym_rl.learner.algorithms import build_algorithm
-from agentgym_rl.learner.algorithms.base import AlgorithmConfigError
 
 # (annotation, value, refused)
 CASES = [
@@ -50,9 +48,3 @@ def test_booleans_still_set_flags_and_assignments_are_checked_too():
     config = Config()
     with pytest.raises(ValidationError, match="takes a number, not a boolean"):
         config.trainer.iterations = True
-
-
-def test_an_algorithm_hyperparameter_refuses_a_boolean():
-    with pytest.raises(AlgorithmConfigError, match="clip_eps"):
-        build_algorithm("grpo", {"clip_eps": True})
-    assert build_algorithm("grpo", {"skip_uniform_groups": False}).skips_uninformative_groups is False
