@@ -7,11 +7,15 @@ import hashlib
 import json
 import struct
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from agentgym_rl.configs.errors import AgentGymError
 
 MANIFEST = "manifest.json"
+# Files hashed at once: hashlib releases the GIL while it hashes, so a checkpoint's shards (learner state, model
+# files, DeepSpeed's per-rank files) are read and hashed in parallel.
+HASH_THREADS = 8
 # The parts a checkpoint written before manifests existed is checked for (the names ``RunDir`` and the learner
 # write; ``deepspeed/`` is the backend's own format and is checked through the manifest only).
 TRAINER_STATE = "trainer.json"
@@ -28,13 +32,18 @@ def file_sha256(path: Path) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
+def sha256s(paths: list[Path]) -> list[str]:
+    with ThreadPoolExecutor(max_workers=HASH_THREADS) as pool:
+        return list(pool.map(file_sha256, paths))
+
+
 def write_manifest(folder: Path) -> Path:
     """Record every file under ``folder`` (path relative to it, bytes, sha256) in ``folder/manifest.json``;
     returns the manifest's path. Called last, on the complete checkpoint, before it is published."""
+    paths = [path for path in sorted(folder.rglob("*")) if path.is_file() and path.name != MANIFEST]
     files = {
-        path.relative_to(folder).as_posix(): {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
-        for path in sorted(folder.rglob("*"))
-        if path.is_file() and path.name != MANIFEST
+        path.relative_to(folder).as_posix(): {"bytes": path.stat().st_size, "sha256": digest}
+        for path, digest in zip(paths, sha256s(paths), strict=True)
     }
     target = folder / MANIFEST
     target.write_text(json.dumps({"files": files}, indent=1, sort_keys=True))
@@ -80,8 +89,9 @@ def damage_against_manifest(folder: Path) -> str | None:
         size = (folder / name).stat().st_size
         if size != entry["bytes"]:
             return f"{name} has {size} bytes, {entry['bytes']} were written (truncated or overwritten)"
-    for name, entry in files.items():
-        if file_sha256(folder / name) != entry["sha256"]:
+    digests = sha256s([folder / name for name in files])
+    for (name, entry), digest in zip(files.items(), digests, strict=True):
+        if digest != entry["sha256"]:
             return f"{name} differs from what was written (its sha256 does not match {MANIFEST})"
     return None
 

@@ -23,7 +23,7 @@ CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 # Where `--from` moves the checkpoints newer than the one a run goes back to (kept, never deleted).
 SUPERSEDED_DIR = "superseded"
-# A checkpoint whose check (sha256 of every file, about 1 GiB/s) is worth a log line first.
+# A checkpoint whose check (reading and hashing every byte) is worth a log line first.
 LARGE_CHECKPOINT_BYTES = 2**30
 
 
