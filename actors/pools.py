@@ -208,11 +208,7 @@ class SamplerPool:
         counts = self.counters[iteration]
         # Read once: what the steps below start is subtracted here as they go (Ray's report would lag).
         free = free_resources_per_node()
-        missing = self.max_count - len(self.samplers)
-        if self.bundles is not None:  # a lost sampler's bundle still holds its share
-            room = max(missing, 0)
-        else:
-            room = sampler_room(free, self.config.sampler, missing) if missing > 0 else 0
+        room = self._sampler_room(free, self.max_count - len(self.samplers))
         if room:
             counts["pool/samplers_added"] += len(self._spawn([self.config.sampler.envs_per_sampler] * room))
         wanted = sum(max(self.max_envs - self.env_counts[s], 0) for s in self.samplers)
@@ -242,6 +238,15 @@ class SamplerPool:
                 env_actors_added=int(counts["pool/env_actors_added"]),
             )
         self._check_minimum()
+
+    def _sampler_room(self, free: list[dict[str, float]], missing: int) -> int:
+        """How many of ``missing`` samplers can start now: colocated, every one (a lost sampler's bundle still
+        holds its share); otherwise as many as the nodes' ``free`` resources fit (subtracted from ``free``)."""
+        if missing <= 0:
+            return 0
+        if self.bundles is not None:
+            return missing
+        return sampler_room(free, self.config.sampler, missing)
 
     def _probe(self, iteration: int | None) -> None:
         """Wait for every sampler's env actors to be up (so the free resources read next are what the
@@ -336,7 +341,7 @@ class SamplerPool:
         """
         dispatch = self.calls.pop(ref)
         self.lose(dispatch.sampler, iteration, reason)
-        if not self.samplers and sampler_room(free_resources_per_node(), self.config.sampler, 1):
+        if not self.samplers and self._sampler_room(free_resources_per_node(), 1):
             self.counters[iteration]["pool/samplers_added"] += len(self._spawn([self.config.sampler.envs_per_sampler]))
         if not self.samplers:
             raise self._error(
