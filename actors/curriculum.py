@@ -36,6 +36,11 @@ def horizon_at(config: CurriculumConfig, iteration: int) -> int:
     return config.horizons[stage]
 
 
+def largest_horizon(config: CurriculumConfig) -> int:
+    """The horizon the schedule ends at: ``horizon`` for ``fixed``, the last of ``horizons`` otherwise."""
+    return config.horizon if config.schedule == "fixed" else max(config.horizons)
+
+
 def adaptive_advance(config: CurriculumConfig, stage_history: Sequence[Mapping[str, float]]) -> str | None:
     """Why the ``adaptive`` schedule leaves its current stage now, or None to stay.
 

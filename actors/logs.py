@@ -9,9 +9,17 @@ from collections import deque
 
 import structlog
 
+# Third-party loggers whose notices say nothing about the run, each shown from ERROR up: Ray's token-authentication
+# set-up (a local instance turns token auth on by itself and says so at every start, and on a machine's first start
+# that it wrote ~/.ray/auth_token).
+QUIET_LOGGERS = ("ray._private.authentication.authentication_token_setup",)
+
 
 def configure_logging(level: str = "info") -> None:
-    """Route structlog to stderr at ``level``; console renderer on a TTY, JSON when piped."""
+    """Route structlog to stderr at ``level``; console renderer on a TTY, JSON when piped. The ``QUIET_LOGGERS``
+    show only their errors."""
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
     renderer = (
         structlog.dev.ConsoleRenderer() if sys.stderr.isatty() else structlog.processors.JSONRenderer(sort_keys=True)
     )

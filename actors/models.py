@@ -21,11 +21,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import structlog
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
 from agentgym_rl.configs.errors import AgentGymError
+from agentgym_rl.envs.output import without_lines
 
 SMOLLM2 = "smollm2-135m-instruct"
 TINY_RANDOM = "tiny-random"
@@ -39,6 +41,10 @@ AUTO = "auto"
 
 # Per-tensor progress bars from every actor would drown the run's own progress display.
 hf_logging.disable_progress_bar()
+# transformers' GGUF loader draws its bar with tqdm itself, which the switch above does not reach.
+GGUF_PROGRESS = ("Converting and de-quantizing GGUF tensors",)
+
+log = structlog.get_logger()
 
 
 class ModelError(AgentGymError, ValueError):
@@ -63,9 +69,11 @@ def smollm2_gguf_dir() -> Path:
 def _build_smollm2(target: Path) -> None:
     folder = smollm2_gguf_dir()
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, local_files_only=True)
-    gguf_model = AutoModelForCausalLM.from_pretrained(
-        folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32, local_files_only=True
-    )
+    log.info("building the built-in model from its GGUF file (once on this machine)", model=SMOLLM2)
+    with without_lines("stderr", GGUF_PROGRESS):
+        gguf_model = AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32, local_files_only=True
+        )
     # The GGUF-loaded model is marked quantised and refuses save_pretrained; its weights are already
     # de-quantised to float32, so copy them into a plain model of the same config.
     config_dict = gguf_model.config.to_dict()
@@ -120,6 +128,10 @@ def model_dir(name: str) -> Path:
     if name in _BUILDERS:
         target = builtin_dir(name)
         if not (target / "config.json").is_file():
+            if not torch.cuda.is_available():
+                # save_pretrained imports DeepSpeed where it is installed (through accelerate), which warns that it
+                # found no accelerator before it picks the CPU; named, the CPU is picked without the warning.
+                os.environ.setdefault("DS_ACCELERATOR", "cpu")
             target.parent.mkdir(parents=True, exist_ok=True)
             # Build beside the target and rename, so concurrent processes never read half a model.
             staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))

@@ -478,6 +478,19 @@ class TrainerConfig(Section):
     )
     checkpoint_every: int = Field(10, ge=1, description="Save a checkpoint every N iterations (and after the last).")
     keep_checkpoints: int = Field(0, ge=0, description="Keep only the newest N complete checkpoints; 0 keeps all.")
+    heldout_tasks: int = Field(
+        0,
+        ge=0,
+        description="Held-out tasks: this many tasks of the env's `test` split (evenly spaced; shared among the "
+        "envs of a mix by weight), played once each by the run's samplers before the first update and every "
+        "`heldout_every` iterations, always the same tasks from the same seeds at the curriculum's largest "
+        "horizon with the sampler's sampling settings; recorded as `heldout/success_rate` with its Wilson 95 % "
+        "interval (`heldout/success_low`, `heldout/success_high`) and shown in the progress display. 0 turns "
+        "it off. `offline` and `gateway` modes play no episodes and skip it (with a warning).",
+    )
+    heldout_every: int = Field(
+        4, ge=1, description="Play the held-out tasks (`heldout_tasks`) at iteration 0 and every N iterations."
+    )
     on_learner_failure: Literal["fail", "restart"] = Field(
         "fail",
         description="When a learner actor dies: `fail` ends the run with an error (continue it with --resume); "

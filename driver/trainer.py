@@ -27,6 +27,7 @@ from agentgym_rl.actors.rundir import TRAINER_STATE, RunDir
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.configs import Config
 from agentgym_rl.driver.errors import LearnerLost, TrainError
+from agentgym_rl.driver.heldout import HeldOutTasks
 from agentgym_rl.driver.learner_group import LearnerGroup
 from agentgym_rl.driver.needs import plan_run
 from agentgym_rl.driver.rollout_dispatch import RolloutDispatch
@@ -83,6 +84,8 @@ class Trainer(ABC):
         self.rollouts = RolloutDispatch(config, self.algorithm)
         self.learner_group = LearnerGroup(config, run_dir, self.rollouts)
         self.weights = WeightDelivery(config, self.learner_group, self.rollouts)
+        # played by the loop before the steps it is due at
+        self.heldout = HeldOutTasks(config, self.rollouts, plays_episodes=self.plays_episodes)
         self.initial_state: dict = {}  # where a learner restart goes back to while no checkpoint exists
 
     # ----------------------------------------------------------------------------- hooks a mode may override
@@ -283,6 +286,7 @@ class Trainer(ABC):
             status = f"success {record['success_rate']:.2f}"
             if "horizon" in record:
                 status += f" horizon {record['horizon']}"
+            status = f"{status} {self.heldout.status()}".rstrip()
             display.progress.update(display.overall, advance=1, status=status)
 
     def run(self, stop_by: float | None = None) -> dict:
@@ -303,7 +307,9 @@ class Trainer(ABC):
                 structlog.contextvars.bind_contextvars(iteration=iteration)
                 started = time.monotonic()
                 try:
+                    heldout = self.heldout.play(iteration, display.progress)
                     step = self.step(iteration, display)
+                    step.record.update(heldout)
                     self._record(display, step)
                     done = iteration + 1
                     longest = max(longest, time.monotonic() - started)

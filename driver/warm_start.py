@@ -15,6 +15,7 @@ from pathlib import Path
 
 import structlog
 
+from agentgym_rl.actors.curriculum import largest_horizon
 from agentgym_rl.actors.rundir import POLICY_DIR, TRAINER_STATE, RunDir
 from agentgym_rl.configs import Config
 from agentgym_rl.configs.schema import AlgorithmConfig, CurriculumConfig
@@ -59,14 +60,11 @@ def warm_start_config(config: Config) -> Config:
     # The run's own cadence: a long warm start resumes from its latest checkpoint, not from scratch.
     derived.trainer.checkpoint_every = min(config.trainer.checkpoint_every, warm.iterations)
     derived.trainer.keep_checkpoints = 1
+    derived.trainer.heldout_tasks = 0  # the run after it measures where the warm start left the policy
     derived.serve.enabled = False
     derived.logging.wandb.enabled = False
     derived.warm_start.iterations = 0
     return derived
-
-
-def largest_horizon(curriculum: CurriculumConfig) -> int:
-    return curriculum.horizon if curriculum.schedule == "fixed" else max(curriculum.horizons)
 
 
 def finished_policy(run_dir: RunDir, iterations: int) -> Path | None:

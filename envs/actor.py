@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 
 
 def hide_unreserved_gpus() -> None:
-    """In a Ray actor that reserved no GPU, make every GPU invisible (``CUDA_VISIBLE_DEVICES=""``).
+    """In a Ray actor that reserved no GPU, make every GPU invisible (``CUDA_VISIBLE_DEVICES=""``) and DeepSpeed's
+    accelerator the CPU (``DS_ACCELERATOR=cpu``, unless set).
 
     Ray sets ``CUDA_VISIBLE_DEVICES`` to the reserved GPUs for an actor that reserves some and, in the
     versions this project runs on, leaves it unset for one that reserves none, which would then see every
@@ -31,6 +32,9 @@ def hide_unreserved_gpus() -> None:
     context = ray.get_runtime_context()
     if context.get_actor_id() is not None and not ray.get_gpu_ids():
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        # DeepSpeed (imported by transformers' save_pretrained through accelerate, where installed) then picks the
+        # CPU anyway, after a warning that it found no accelerator; named here, it picks it without one.
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
 class EnvRestarted(EnvError):

@@ -66,6 +66,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from typing_extensions import override
 
 from agentgym_rl.envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv, action_after_marker
+from agentgym_rl.envs.output import without_lines
 
 LEVELS: tuple[str, ...] = (
     "GoToRedBallGrey",
@@ -167,6 +168,11 @@ class _BoundedStack(list):
         if self.pushes > self.limit:
             raise _BotStuck(f"no action after {self.limit} subgoals")
         super().append(item)
+
+
+# minigrid prints one of these each time it rejects a generated level and draws another: a retry, not a failure,
+# which Ray would forward from every env actor to the driver's terminal.
+GENERATION_RETRIES = ("Sampling rejected:", "Timeout during mission generation:")
 
 
 def gym_id(level: str) -> str:
@@ -353,7 +359,8 @@ class BabyAIEnv(TextEnv):
             )
         self._level, self._seed = level, task_id // len(LEVELS)
         self._env = self._gym_env(level)
-        obs, _ = self._env.reset(seed=self._seed)
+        with without_lines("stdout", GENERATION_RETRIES):
+            obs, _ = self._env.reset(seed=self._seed)
         self._obs_key = self._observation_key(obs)
         self._done = False
         self._success = False
