@@ -43,7 +43,8 @@ ERROR_STATUSES = {
     401: "missing or wrong API key (when the server has one)",
     403: "an episode's token with the wrong secret, or another episode's token",
     404: "unknown model, env, route or episode (never opened, expired, or already trained on)",
-    409: "an episode already closed, or with a call in progress",
+    409: "an episode already closed or with a call in progress, or a call or reward that does not fit what the "
+    "episode recorded (its conversation so far, its number of turns)",
     413: "request body over serve.max_body_bytes",
     429: "the replica holds its most requests (serve.max_batch_size + serve.max_queued_requests)",
     500: "anything unexpected",

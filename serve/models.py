@@ -2,19 +2,39 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from agentgym_rl.actors.engines.sampling import MAX_TOP_LOGPROBS
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit on `stop`
 
 
+def _integral(value: Any) -> Any:
+    # JSON Schema's integer is any number without a fraction: 15.0 is 15 (what a schema-driven client may send).
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# An integer field of a request body: a JSON integer, or a number without a fraction; never a boolean or a string.
+# (The optional one wraps the union: bounds on a union of the annotated int leak into the schema as `ge`.)
+WholeNumber = Annotated[int, BeforeValidator(_integral)]
+OptionalWholeNumber = Annotated[int | None, BeforeValidator(_integral)]
+
+
 class Body(BaseModel):
     """Base of every request body: an unknown field is a 400 that names it (OpenAI does the same), and so is a
     value of the wrong JSON type: strict validation reads no boolean or string as a number (`"seed": "7"`,
-    `"max_tokens": true`) and no string or number as a boolean; a JSON integer is still a valid float."""
+    `"max_tokens": true`) and no string or number as a boolean; a JSON integer is still a valid float, and a
+    number without a fraction (`2.0`) a valid integer, as JSON Schema reads them."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -48,6 +68,10 @@ CHAT_RULES = [
         "if": {"properties": {"top_logprobs": {"type": "integer", "minimum": 1}}, "required": ["top_logprobs"]},
         "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]},
     },
+    {  # a call of an episode (`user: "episode:<token>"`) samples one reply
+        "if": {"properties": {"user": {"type": "string", "pattern": "^episode:"}}, "required": ["user"]},
+        "then": {"properties": {"n": {"enum": [1, None]}}},
+    },
     {  # stream_options needs stream
         "if": {"properties": {"stream_options": {"type": "object"}}, "required": ["stream_options"]},
         "then": {"properties": {"stream": {"const": True}}, "required": ["stream"]},
@@ -66,19 +90,23 @@ class ChatCompletionRequest(Body):
 
     model: str = Field(description="Served model id (see GET /v1/models).")
     messages: list[ChatMessage] = Field(min_length=1, description="The conversation so far.")
-    max_tokens: int | None = Field(None, ge=1, description="Cap on generated tokens (default: the server cap).")
-    max_completion_tokens: int | None = Field(None, ge=1, description="Newer name of `max_tokens` (give one).")
+    max_tokens: OptionalWholeNumber = Field(
+        None, ge=1, description="Cap on generated tokens (default: the server cap)."
+    )
+    max_completion_tokens: OptionalWholeNumber = Field(None, ge=1, description="Newer name of `max_tokens` (give one).")
     temperature: float | None = Field(
         None, ge=0.0, le=2.0, description="Sampling temperature (default 1); 0 picks the likeliest token."
     )
     top_p: float | None = Field(None, gt=0.0, le=1.0, description="Nucleus sampling mass (default 1).")
-    n: int | None = Field(None, ge=1, description="Completions per request (default 1; at most serve.max_n).")
+    n: OptionalWholeNumber = Field(None, ge=1, description="Completions per request (default 1; at most serve.max_n).")
     stop: Annotated[str | list[str] | None, WithJsonSchema(STOP_SCHEMA)] = Field(
         None, description="Up to 4 strings; the text ends before the first one sampled (it is not returned)."
     )
-    seed: int | None = Field(None, description="Same seed, same request: the same completion, whatever else runs.")
+    seed: OptionalWholeNumber = Field(
+        None, description="Same seed, same request: the same completion, whatever else runs."
+    )
     logprobs: bool | None = Field(None, description="Return the log-probability of every sampled token.")
-    top_logprobs: int | None = Field(
+    top_logprobs: OptionalWholeNumber = Field(
         None, ge=0, le=MAX_TOP_LOGPROBS, description="Also the likeliest alternatives per token (needs logprobs)."
     )
     presence_penalty: float | None = Field(
@@ -216,9 +244,11 @@ class ActRequest(Body):
         description="Earlier user/assistant turns of the episode, oldest first (no system message: the env's "
         "instruction is the system prompt).",
     )
-    max_tokens: int | None = Field(None, ge=1, description="Cap on generated tokens (default: the server cap).")
+    max_tokens: OptionalWholeNumber = Field(
+        None, ge=1, description="Cap on generated tokens (default: the server cap)."
+    )
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature; 0 picks the likeliest token.")
-    seed: int | None = Field(None, description="Same seed, same request: the same completion.")
+    seed: OptionalWholeNumber = Field(None, description="Same seed, same request: the same completion.")
 
 
 class ActResponse(BaseModel):
@@ -268,7 +298,7 @@ class EpisodeOpenRequest(Body):
     """Open an episode: the chat calls tagged with its token are recorded token by token."""
 
     env: str = Field("endpoint", description="Which environment the agent plays (a label kept on the trajectory).")
-    task_id: int = Field(0, description="The task the agent plays (kept on the trajectory).")
+    task_id: WholeNumber = Field(0, description="The task the agent plays (kept on the trajectory).")
     group: str | None = Field(
         None,
         description="Episodes sharing a group key are compared with each other by group algorithms (GRPO, RLOO): "

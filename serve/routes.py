@@ -532,6 +532,33 @@ def declare_limits(schemas: dict, api: PolicyAPI) -> None:
         bound("EpisodeReward", field, minimum=low, maximum=high)
 
 
+def declare_auth(schema: dict, api: PolicyAPI) -> None:
+    """Declare the bearer key on every route that needs it, when this server has one (every route that can
+    answer 401). The schema itself, ``/docs`` and ``/healthz`` answer without it."""
+    if api.limits.api_key is None:
+        return
+    schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    for operations in schema["paths"].values():
+        for operation in operations.values():
+            if "401" in operation["responses"]:
+                operation["security"] = [{"bearer": []}]
+
+
+def declare_episode_links(paths: dict) -> None:
+    """Links from an opened episode to its chat calls, its description and its reward: the token and id the
+    201 answers are what those take. Generated clients, and Schemathesis's stateful phase, follow them."""
+    token = "$response.body#/token"
+    episode = {"path.episode_id": "$response.body#/id", f"header.{EPISODE_HEADER}": token}
+    paths["/v1/episodes"]["post"]["responses"]["201"]["links"] = {
+        "chat": {
+            "operationRef": "#/paths/~1v1~1chat~1completions/post",
+            "requestBody": {"user": f"episode:{{{token}}}"},
+        },
+        "describe": {"operationRef": "#/paths/~1v1~1episodes~1{episode_id}/get", "parameters": episode},
+        "reward": {"operationRef": "#/paths/~1v1~1episodes~1{episode_id}~1reward/post", "parameters": episode},
+    }
+
+
 def messages_of(body: ChatCompletionRequest) -> list[dict[str, str]]:
     return [m.model_dump(exclude={"name"}) for m in body.messages]
 
@@ -598,6 +625,8 @@ def build_api(api: PolicyAPI) -> FastAPI:
             )
             schema.setdefault("components", {}).setdefault("schemas", {}).update(defs["$defs"])
             declare_limits(schema["components"]["schemas"], api)
+            declare_auth(schema, api)
+            declare_episode_links(schema["paths"])
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -307,3 +307,37 @@ ROUTES: dict[str, Callable[[EnvService], APIRouter]] = {
     "searchqa": searchqa_routes,
     "webarena": webarena_routes,
 }
+# How each protocol's /create answer names the new env (an OpenAPI runtime expression), and the field that
+# names it in every later request.
+CREATED_ID: dict[str, tuple[str, str]] = {
+    "agentgym": ("id", "$response.body#/id"),
+    "textcraft": ("id", "$response.body#/id"),
+    "sciworld": ("id", "$response.body#/id"),
+    "searchqa": ("env_idx", "$response.body"),
+    "webarena": ("env_idx", "$response.body#/env_idx"),
+}
+
+
+def declare_links(schema: dict[str, Any], protocol: str) -> dict[str, Any]:
+    """``schema`` (the app's OpenAPI) with links from ``/create`` and ``/reset`` to every route that names an env:
+    the id ``/create`` answers (or ``/reset`` was sent) is the one the others take. Clients generated from the
+    schema, and Schemathesis's stateful phase, follow them from one request to the next."""
+    name, created = CREATED_ID[protocol]
+    paths = schema["paths"]
+
+    def links(expression: str) -> dict[str, Any]:
+        targets = {}
+        for path, operations in paths.items():
+            for method, operation in operations.items():
+                if path == "/create":
+                    continue
+                ref = f"#/paths/{path.replace('/', '~1')}/{method}"
+                if method == "get" and any(p["name"] == name for p in operation.get("parameters", [])):
+                    targets[f"{method}{path}"] = {"operationRef": ref, "parameters": {f"query.{name}": expression}}
+                elif "requestBody" in operation:
+                    targets[f"{method}{path}"] = {"operationRef": ref, "requestBody": {name: expression}}
+        return targets
+
+    paths["/create"]["post"]["responses"]["200"]["links"] = links(created)
+    paths["/reset"]["post"]["responses"]["200"]["links"] = links(f"$request.body#/{name}")
+    return schema

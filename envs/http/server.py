@@ -62,7 +62,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentgym_rl.envs.http.models import ERROR_RESPONSES, ServerOptions, default_protocol
-from agentgym_rl.envs.http.routes import ROUTES
+from agentgym_rl.envs.http.routes import ROUTES, declare_links
 from agentgym_rl.envs.http.service import EnvService, ServerError
 from agentgym_rl.envs.registry import env_class
 
@@ -136,6 +136,21 @@ def build_app(env_name: str, options: dict[str, Any] | None = None, max_envs: in
         return AsciiJSONResponse({"error": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500)
 
     app.include_router(ROUTES[config.protocol](service), responses=ERROR_RESPONSES)
+    default_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        """The schema with the links between the routes and, when the server has a token, the token every route
+        needs (clients and Schemathesis read both)."""
+        if app.openapi_schema is None:
+            schema = declare_links(default_openapi(), config.protocol)
+            if config.token is not None:
+                schema.setdefault("components", {})["securitySchemes"] = {
+                    "bearer": {"type": "http", "scheme": "bearer"}
+                }
+                schema["security"] = [{"bearer": []}]
+        return app.openapi_schema
+
+    app.openapi = openapi
 
     @app.get("/", responses=ERROR_RESPONSES)
     async def root() -> dict[str, Any]:

@@ -1,16 +1,25 @@
-"""Both HTTP surfaces' OpenAPI schemas, fuzzed by Schemathesis with every check on: the env server in process
-(ASGI), the policy endpoint over HTTP with a live replica and its episode routes.
+"""Both HTTP surfaces held to their OpenAPI schemas: Schemathesis with every check and every phase (examples,
+coverage, fuzzing, and the stateful phase that follows the schemas' links: /create to the routes that take its
+id, an opened episode to its calls and reward), over the env server in process (ASGI) and over the policy
+endpoint on HTTP with a live replica, an API key and its episode book; then the cases fuzzing once found,
+one by one.
 
-Every route's request body and every status it answers are declared, so the fuzzer reaches the handlers
-and can hold each answer to the schema: no 5xx, no status, header or body outside what is declared, no
-schema-valid request refused as malformed. Fixed seed, bounded examples.
+Every route's body, every status it answers and the key it needs are declared, so each answer is held to
+the schema: no 5xx, no status, header or body outside what is declared, no schema-violating request
+accepted (a boolean or string where a number belongs), no schema-valid one refused, a 405 with `Allow`,
+a keyed route refusing a request without the key. Schemathesis did not send the UTF-16 body issue 49
+names (it reached the env server another way), so that case, like each one the issue lists, has a test
+of its own below.
 """
 
 from __future__ import annotations
 
+import httpx
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, given, settings
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from schemathesis.engine import events, from_schema
 
 from agentgym_rl.actors.models import TINY_RANDOM
 from agentgym_rl.actors.weight_sync import free_port
@@ -18,48 +27,219 @@ from agentgym_rl.configs.schema import EpisodesConfig, ServeConfig
 from agentgym_rl.envs.http import build_app
 from agentgym_rl.serve.app import ServeArgs, start_server, stop_server
 
-ENV_SERVER = schemathesis.openapi.from_asgi("/openapi.json", build_app("babyai", max_envs=8))
+KEY = "fuzz-key"
+PHASES = ["examples", "coverage", "fuzzing", "stateful"]
+# Examples per operation: 10 in the CI tier (env server 4-7 s, policy endpoint 15 s; enough to find every
+# conformance failure issue 49 lists on the policy endpoint), 200 in the slow tier, as issue 49's run (env server
+# 10-33 s, policy endpoint 52 s), on a loaded 2-core machine.
+BUDGETS = [pytest.param(10, id="ci"), pytest.param(200, id="full", marks=pytest.mark.slow)]
 
 
-@ENV_SERVER.parametrize()
-@settings(max_examples=100, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
-def test_env_server_answers_as_its_schema_says(case):
-    case.call_and_validate()
+def conformance_failures(schema: schemathesis.BaseSchema, examples: int, headers: dict | None = None) -> list[str]:
+    """Run Schemathesis over ``schema`` as ``st run --checks all --phases examples,coverage,fuzzing,stateful
+    --max-examples N --continue-on-failure`` does, derandomized; returns one line per failed check or error."""
+    config = schema.config
+    config.update(continue_on_failure=True, headers=headers)
+    config.checks.update(included_check_names=["all"])
+    config.phases.update(phases=PHASES)
+    config.generation.update(max_examples=examples, deterministic=True)
+    failures, phases = [], []
+    for event in from_schema(schema).execute():
+        if isinstance(event, events.ScenarioFinished):
+            for case_id, checks in event.recorder.checks.items():
+                request, answer = event.recorder.cases[case_id].value, event.recorder.interactions.get(case_id)
+                status = answer.response.status_code if answer is not None and answer.response is not None else None
+                failures += [
+                    f"{event.recorder.label}: {check.name}: {check.failure_info.failure.title}: "
+                    f"{check.failure_info.failure.message} (answered {status} to body {request.body!r:.300}, "
+                    f"headers {request.headers})"
+                    for check in checks
+                    if check.failure_info is not None
+                ]
+        elif isinstance(event, events.NonFatalError):
+            failures.append(f"{event.label}: {event.info.message}")
+        elif isinstance(event, events.FatalError):
+            failures.append(f"fatal: {event.exception!r}")
+        elif isinstance(event, events.PhaseFinished) and event.phase.is_enabled:
+            phases.append(event.phase.name.value)
+        elif isinstance(event, events.EngineFinished):
+            failures += [f"after the run: {failure.title}: {failure.message}" for failure in event.failures]
+    assert "stateful" in phases, f"the stateful phase did not run (ran: {phases}): are the schema's links declared?"
+    return failures
+
+
+# ----------------------------------------------------------------------------------------------- env server
+
+
+def env_server(**server) -> FastAPI:
+    return build_app("babyai", max_envs=8, **server)
+
+
+@pytest.mark.parametrize("examples", BUDGETS)
+def test_env_server_conforms_to_its_schema(examples):
+    schema = schemathesis.openapi.from_asgi("/openapi.json", env_server(token=KEY))
+    failures = conformance_failures(schema, examples, headers={"Authorization": f"Bearer {KEY}"})
+    assert not failures, "\n".join(failures)
 
 
 def test_every_env_server_route_declares_its_body_and_error_statuses():
-    spec = ENV_SERVER.raw_schema
+    spec = env_server().openapi()
     for path, methods in spec["paths"].items():
         for method, operation in methods.items():
             statuses = set(operation["responses"])
-            assert {"200", "401", "422", "500"} <= statuses, f"{method} {path}: {sorted(statuses)}"
+            assert {"200", "400", "401", "422", "500"} <= statuses, f"{method} {path}: {sorted(statuses)}"
             if method == "post" and path != "/create":
                 assert "requestBody" in operation, f"{method} {path} declares no body"
-    pytest.importorskip("schemathesis")  # the fuzz test above needs it; this one reads the schema only
+
+
+@pytest.fixture(scope="module")
+def env_http():
+    with TestClient(env_server(token=KEY), headers={"Authorization": f"Bearer {KEY}"}) as client:
+        yield client
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"id": 0, "data_idx": 1}'.encode("utf-16"),  # UTF-16 with its byte order mark
+        '{"id": 0, "data_idx": 1}'.encode("utf-32"),
+        b'\xef\xbb\xbf{"id": 0, "data_idx": 1}',  # UTF-8 with a byte order mark (RFC 8259: not to be sent)
+        b'{"id": 0, "data_idx": ',
+        b"[" * 100_000,
+    ],
+    ids=["utf-16", "utf-32", "utf-8-bom", "truncated", "nested-too-deep"],
+)
+def test_env_server_answers_a_body_that_is_not_utf8_json_with_400(env_http, body):
+    answer = env_http.post("/reset", content=body, headers={"content-type": "application/json"})
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"].startswith("the body is not")
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [
+        ("GET", "/create", {"POST"}),
+        ("TRACE", "/step", {"POST"}),
+        ("PUT", "/observation", {"GET"}),
+        ("POST", "/", {"GET"}),
+    ],
+)
+def test_env_server_405_names_the_methods_in_allow(env_http, method, path, allowed):
+    answer = env_http.request(method, path)
+    assert answer.status_code == 405 and set(answer.headers["allow"].split(", ")) == allowed
+    assert answer.json()["error"].endswith(f"this route takes {answer.headers['allow']}")
+
+
+def test_env_server_schema_and_docs_are_public_and_every_route_needs_the_token():
+    client = TestClient(env_server(token=KEY))
+    schema = client.get("/openapi.json")
+    assert schema.status_code == 200 and schema.json()["security"] == [{"bearer": []}]
+    assert client.get("/docs").status_code == 200
+    assert client.get("/").status_code == 401
+    assert client.post("/create").status_code == 401
+
+
+# ---------------------------------------------------------------------------------------------- policy endpoint
 
 
 @pytest.fixture(scope="module")
 def endpoint(ray_local):
-    """The policy endpoint served by Ray Serve on 127.0.0.1: a live tiny-random replica and its episode book."""
+    """The policy endpoint served by Ray Serve on 127.0.0.1 with an API key: a live tiny-random replica and its
+    episode book."""
     port = free_port()
     limits = ServeConfig(
-        port=port, max_tokens=8, max_prompt_tokens=8192, max_body_bytes=8192, max_n=2, episodes=EpisodesConfig()
+        port=port,
+        api_key=KEY,
+        max_tokens=8,
+        max_prompt_tokens=8192,
+        max_body_bytes=8192,
+        max_n=2,
+        episodes=EpisodesConfig(),
     )
     start_server(ServeArgs(model=TINY_RANDOM, dtype="float32", serve=limits))
     yield f"http://127.0.0.1:{port}"
     stop_server()
 
 
-def test_policy_endpoint_answers_as_its_schema_says(endpoint):
-    # Loaded here, not at import: the schema comes from the live server (the schemathesis pytest plugin's
-    # fixture-based schemas do not run under this pytest), so each operation's strategy is driven directly.
+@pytest.fixture(scope="module")
+def policy_http(endpoint):
+    with httpx.Client(base_url=endpoint, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as client:
+        yield client
+
+
+CHAT = {"model": TINY_RANDOM, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/chat/completions", {**CHAT, "max_completion_tokens": True, "max_tokens": None}, "max_completion_tokens"),
+        ("/v1/chat/completions", {**CHAT, "temperature": "0.5"}, "temperature"),
+        ("/v1/chat/completions", {**CHAT, "seed": "7"}, "seed"),
+        ("/v1/chat/completions", {**CHAT, "logprobs": 1}, "logprobs"),
+        ("/v1/chat/completions", {**CHAT, "stream": True, "stream_options": {"include_usage": "FALSE"}}, None),
+        ("/v1/act", {"env": "babyai", "observation": "hi", "temperature": "1"}, "temperature"),
+        ("/v1/episodes", {"task_id": False}, "task_id"),
+        ("/v1/episodes", {"task_id": "3"}, "task_id"),
+    ],
+)
+def test_policy_endpoint_refuses_wrong_json_types(policy_http, path, body, param):
+    answer = policy_http.post(path, json=body)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == "invalid_value"
+    assert error["param"] == (param or "stream_options.include_usage")
+
+
+def test_policy_endpoint_still_reads_a_json_integer_as_a_float(policy_http):
+    answer = policy_http.post("/v1/chat/completions", json={**CHAT, "temperature": 0, "top_p": 1})
+    assert answer.status_code == 200, answer.text
+    opened = policy_http.post("/v1/episodes", json={"task_id": 3})
+    assert opened.status_code == 201, opened.text
+    episode = opened.json()
+    closed = policy_http.post(
+        f"/v1/episodes/{episode['id']}/reward", json={"reward": 1}, headers={"X-Episode-Token": episode["token"]}
+    )
+    assert closed.status_code == 200 and closed.json()["reward"] == 1.0, closed.text
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [
+        ("TRACE", "/v1/models", {"GET"}),
+        ("GET", "/v1/chat/completions", {"POST"}),
+        ("DELETE", "/v1/act", {"POST"}),
+        ("PUT", "/v1/episodes", {"POST"}),
+        ("PATCH", "/healthz", {"GET"}),
+    ],
+)
+def test_policy_endpoint_405_names_the_methods_in_allow(policy_http, method, path, allowed):
+    answer = policy_http.request(method, path)
+    assert answer.status_code == 405 and set(answer.headers["allow"].split(", ")) == allowed
+    error = answer.json()["error"]
+    assert error["code"] == "method_not_allowed" and error["message"].endswith(answer.headers["allow"])
+
+
+def test_policy_schema_and_docs_are_public_and_every_v1_route_needs_the_key(endpoint):
+    with httpx.Client(base_url=endpoint, timeout=60) as anonymous:
+        schema = anonymous.get("/openapi.json")
+        assert schema.status_code == 200
+        assert anonymous.get("/docs").status_code == 200
+        assert anonymous.get("/healthz").status_code == 200
+        for path, operations in schema.json()["paths"].items():
+            if path == "/healthz":
+                assert "security" not in operations["get"]
+                continue
+            for method, operation in operations.items():
+                assert operation["security"] == [{"bearer": []}], f"{method} {path}"
+        assert anonymous.get("/v1/models").status_code == 401
+        assert anonymous.post("/v1/chat/completions", json=CHAT).status_code == 401
+
+
+@pytest.mark.parametrize("examples", BUDGETS)
+def test_policy_endpoint_conforms_to_its_schema(endpoint, examples):
+    # Last in the module: the fuzzer opens episodes up to the book's cap, after which opening one answers 429.
+    # Loaded from the live server, without the key: the schema is public, as /docs is.
     schema = schemathesis.openapi.from_url(f"{endpoint}/openapi.json")
-    for result in schema.get_all_operations():
-        operation = result.ok()
-
-        @given(case=operation.as_strategy())
-        @settings(max_examples=50, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
-        def answers_as_declared(case):
-            case.call_and_validate()
-
-        answers_as_declared()
+    failures = conformance_failures(schema, examples, headers={"Authorization": f"Bearer {KEY}"})
+    assert not failures, "\n".join(failures)
