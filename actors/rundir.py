@@ -114,6 +114,10 @@ class RunDir:
             if not complete:
                 return None
             checkpoint = complete[-1]
+        elif not self.checkpoints.is_dir():
+            raise CheckpointError(
+                f"--from {wanted}: {self.path} holds no checkpoints/; give a run directory made by train"
+            )
         else:
             match = re.fullmatch(r"(?:iter_)?(\d+)", Path(wanted).name)
             checkpoint = self.checkpoint_dir(int(match.group(1))) if match else None

@@ -75,6 +75,7 @@ CASES = {
     "unknown option": (["train", "--iterations", "2"], "unrecognized arguments: --iterations"),
     "unknown command": (["trian"], "invalid choice: 'trian'"),
     "--from without --resume": (["train", "--from", "iter_1"], "--resume RUN_DIR --from iter_N"),
+    "--from of no run": (["train", "--resume", "{tmp}/nowhere", "--from", "iter_1"], "holds no checkpoints/"),
 }
 
 
@@ -242,6 +243,8 @@ def test_a_damaged_latest_checkpoint_is_named_and_the_run_goes_on_from_the_one_b
     assert main(["train", "--resume", str(run)]) == 2
     one_error_line(capsys.readouterr().err, f"resume from the one before with --resume {run} --from iter_000001")
 
+    # iter_000001 as written before checkpoints had manifests: checked for what can be checked, and resumed
+    (run / EARLIER / MANIFEST).unlink()
     resumed = run_cli("train", "--resume", str(run), "--from", "iter_000001", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     # iteration 1 was played and trained again from iter_000001, as the original run did
