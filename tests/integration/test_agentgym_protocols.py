@@ -86,7 +86,11 @@ def test_truly_bad_input_still_gets_4xx_json(babyai):
         (babyai.post("/reset", json={"id": env_id, "data_idx": -1}), 404, "non-negative"),
         (babyai.post("/reset", json={"id": "zero", "data_idx": 1}), 422, "id"),
         (babyai.post("/reset", json={"id": env_id, "data_idx": "1.5"}), 422, "data_idx"),
-        (babyai.post("/step", content=b'{"id": 0, "action": ', headers={"content-type": "application/json"}), 422, ""),
+        (
+            babyai.post("/step", content=b'{"id": 0, "action": ', headers={"content-type": "application/json"}),
+            400,
+            "not JSON",
+        ),
         (babyai.post("/reset", json={"id": 99_999, "data_idx": 1}), 404, "unknown env id 99999"),
         (babyai.post("/close", json={"id": 99_999}), 404, "unknown env id 99999"),
     ]
