@@ -7,6 +7,7 @@ import hashlib
 import json
 import struct
 import zipfile
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -63,6 +64,23 @@ def checkpoint_damage(folder: Path) -> str | None:
     return damage_without_manifest(folder)
 
 
+def policy_damage_of(folder: Path) -> str | None:
+    """What is wrong with the policy of checkpoint ``folder`` (what eval, serve and export read), or None: its
+    files' sizes against the manifest (no hashing: a start that loads the policy anyway should not read it
+    twice), or without a manifest the checks of ``policy/`` that ``checkpoint_damage`` runs."""
+    if not (folder / MANIFEST).exists():
+        return policy_damage(folder / POLICY_DIR)
+    try:
+        files = read_manifest(folder)
+    except ValueError as exc:
+        return str(exc)
+    policy = {name: entry for name, entry in files.items() if name.startswith(f"{POLICY_DIR}/")}
+    missing = [name for name in policy if not (folder / name).is_file()]
+    if missing:
+        return missing_parts(folder, missing)
+    return next(size_mismatches(folder, policy), None)
+
+
 def read_manifest(folder: Path) -> dict[str, dict]:
     """The ``files`` of ``folder``'s manifest.
 
@@ -85,15 +103,21 @@ def damage_against_manifest(folder: Path) -> str | None:
     missing = [name for name in files if not (folder / name).is_file()]
     if missing:
         return missing_parts(folder, missing)
-    for name, entry in files.items():
-        size = (folder / name).stat().st_size
-        if size != entry["bytes"]:
-            return f"{name} has {size} bytes, {entry['bytes']} were written (truncated or overwritten)"
+    mismatch = next(size_mismatches(folder, files), None)
+    if mismatch:
+        return mismatch
     digests = sha256s([folder / name for name in files])
     for (name, entry), digest in zip(files.items(), digests, strict=True):
         if digest != entry["sha256"]:
             return f"{name} differs from what was written (its sha256 does not match {MANIFEST})"
     return None
+
+
+def size_mismatches(folder: Path, files: dict[str, dict]) -> Iterator[str]:
+    for name, entry in files.items():
+        size = (folder / name).stat().st_size
+        if size != entry["bytes"]:
+            yield f"{name} has {size} bytes, {entry['bytes']} were written (truncated or overwritten)"
 
 
 def missing_parts(folder: Path, missing: list[str]) -> str:

@@ -11,7 +11,14 @@ from pathlib import Path
 
 import structlog
 
-from agentgym_rl.actors.checkpoints import POLICY_DIR, TRAINER_STATE, CheckpointError, checkpoint_damage, write_manifest
+from agentgym_rl.actors.checkpoints import (
+    POLICY_DIR,
+    TRAINER_STATE,
+    CheckpointError,
+    checkpoint_damage,
+    policy_damage_of,
+    write_manifest,
+)
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.configs import Config, dump_config
 
@@ -160,14 +167,21 @@ class RunDir:
 
 def latest_if_run(folder: Path) -> Path:
     """``folder``'s latest complete checkpoint when ``folder`` is a run directory (it holds the run's config and
-    ``checkpoints/``), else ``folder`` itself.
+    ``checkpoints/``), else ``folder`` itself; a checkpoint's policy is checked before it is returned.
 
     Raises:
         FileNotFoundError: a run directory without a complete checkpoint.
+        CheckpointError: the checkpoint's policy is damaged (the message names the part).
     """
-    if not ((folder / CONFIG_FILE).is_file() and (folder / "checkpoints").is_dir()):
-        return folder
-    latest = RunDir(folder).latest_checkpoint()
-    if latest is None:
-        raise FileNotFoundError(f"{folder}: run directory without a complete checkpoint")
-    return latest
+    if (folder / CONFIG_FILE).is_file() and (folder / "checkpoints").is_dir():
+        latest = RunDir(folder).latest_checkpoint()
+        if latest is None:
+            raise FileNotFoundError(f"{folder}: run directory without a complete checkpoint")
+        folder = latest
+    if (folder / TRAINER_STATE).is_file():  # a checkpoint, not a model or adapter directory
+        problem = policy_damage_of(folder)
+        if problem:
+            raise CheckpointError(
+                f"checkpoint {folder} is damaged: {problem}; give another of its run's checkpoints/iter_N"
+            )
+    return folder

@@ -258,3 +258,21 @@ def test_a_damaged_latest_checkpoint_is_named_and_the_run_goes_on_from_the_one_b
     assert checkpoint_damage(run / LATEST) is None
     superseded = run / "checkpoints" / "superseded" / "iter_000002"
     assert "learner.pt has" in checkpoint_damage(superseded)  # the damaged one, kept aside
+
+
+# commands that read a checkpoint's policy: argv after the damage, with {run} the damaged copy
+POLICY_READERS = {
+    "eval of a run": ["eval", "--checkpoint", "{run}", "--env", "babyai", "--episodes", "1"],
+    "serve of a checkpoint": ["serve", "--checkpoint", "{run}/" + LATEST],
+    "export of a checkpoint": ["export", "--checkpoint", "{run}/" + LATEST, "--output", "{run}/merged"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+@pytest.mark.parametrize("command", list(POLICY_READERS))
+def test_a_damaged_policy_is_named_by_what_reads_it(command: str, tiny_run: Path, tmp_path: Path, capsys):
+    run = shutil.copytree(tiny_run, tmp_path / "run")
+    truncate(f"{LATEST}/{ADAPTER}")(run)
+    assert main([arg.format(run=run) for arg in POLICY_READERS[command]]) == 2
+    one_error_line(capsys.readouterr().err, f"iter_000002 is damaged: {ADAPTER} has")

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from agentgym_rl.actors.checkpoints import MANIFEST, CheckpointError, checkpoint_damage, write_manifest
-from agentgym_rl.actors.rundir import RunDir
+from agentgym_rl.actors.rundir import RunDir, latest_if_run
 
 ADAPTER = "policy/adapter_model.safetensors"
 
@@ -142,3 +142,21 @@ def test_going_back_sets_the_newer_checkpoints_aside(tmp_path: Path):
         "iter_000002.1",
         "iter_000003",
     ]
+
+
+def test_eval_serve_and_export_get_a_checked_policy(tmp_path: Path):
+    """``latest_if_run`` (what they resolve a checkpoint with) checks the policy's files, and only those."""
+    run = run_with_checkpoints(tmp_path, 1, 2)
+    (run.path / "config.yaml").write_text("{}")
+    assert latest_if_run(run.path) == run.checkpoint_dir(2)
+    truncate("learner.pt")(run.checkpoint_dir(2))  # not read by eval, serve or export
+    assert latest_if_run(run.path) == run.checkpoint_dir(2)
+    truncate(ADAPTER)(run.checkpoint_dir(2))
+    with pytest.raises(CheckpointError, match=f"iter_000002 is damaged: {ADAPTER} has"):
+        latest_if_run(run.path)
+    (run.checkpoint_dir(1) / MANIFEST).unlink()  # written before manifests
+    assert latest_if_run(run.checkpoint_dir(1)) == run.checkpoint_dir(1)
+    shutil.rmtree(run.checkpoint_dir(1) / "policy")
+    with pytest.raises(CheckpointError, match="iter_000001 is damaged: the folder policy/ is missing"):
+        latest_if_run(run.checkpoint_dir(1))
+    assert latest_if_run(tmp_path) == tmp_path  # neither a run nor a checkpoint: a model directory, say
