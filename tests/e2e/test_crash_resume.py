@@ -193,50 +193,78 @@ def test_a_time_limit_stops_after_a_checkpointed_iteration_and_resume_finishes(t
     assert [r["iteration"] for r in metrics(run_dir)] == [0, 1, 2, 3]  # every iteration exactly once
 
 
-@pytest.mark.slow
-@pytest.mark.ci
-def test_a_run_survives_a_lost_sampler_and_env_actor_then_a_killed_driver_resumes(tmp_path: Path):
+def start_train(tmp_path: Path, name: str, settings: list[str]) -> tuple[subprocess.Popen, Path]:
+    """``agentgym-rl train`` on warm_start_grpo.yaml in the background, its output to a log file; the process and
+    the log."""
     runs = tmp_path / "runs"
-    run_dir = runs / "faults"
-    env = cli_env()
-    # The default (disaggregated) placement, two samplers of two env actors, and CPUs to spare: the lost
-    # sampler's replacement has room to start at the next iteration.
-    faults = ["trainer.iterations=3", "sampler.count=2", "sampler.envs_per_sampler=2", "ray.num_cpus=4"]
-    settings = [*overrides(runs, "faults"), *[item for setting in faults for item in ("--set", setting)]]
+    args = [*overrides(runs, name), *[item for setting in settings for item in ("--set", setting)]]
     log = tmp_path / "driver.log"
     with log.open("w") as output:
         proc = subprocess.Popen(
-            command("train", str(REPO / "configs" / "warm_start_grpo.yaml"), *settings),
+            command("train", str(REPO / "configs" / "warm_start_grpo.yaml"), *args),
             cwd=tmp_path,
-            env=env,
+            env=cli_env(),
             stdout=output,
             stderr=subprocess.STDOUT,
         )
+    return proc, log
+
+
+def await_rollout(proc: subprocess.Popen, log: Path, iteration: int) -> None:
+    """Wait until the run has started ``iteration``'s rollout (fail if it ends first)."""
+    deadline = time.monotonic() + 400
+    while iteration not in rollouts_started(log) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert proc.poll() is None, log.read_text()[-3000:]
+    assert iteration in rollouts_started(log), f"iteration {iteration}'s rollout did not start within 400 s"
+
+
+def each_iteration_once_with_one_sampler_replaced(records: list[dict], iterations: int, samplers: int) -> None:
+    assert [r["iteration"] for r in records] == list(range(iterations))  # every iteration exactly once
+    assert sum(r["pool/samplers_lost"] for r in records) == 1
+    assert sum(r["pool/samplers_added"] for r in records) == 1  # the replacement, started where there was room
+    assert [r["pool/samplers"] for r in records][1:] == [samplers] * (iterations - 1)
+    for record in records:  # every iteration played all of its episodes: 2 tasks x groups of 4
+        assert record["rollout/episodes"] + record["rollout/failed"] == 8
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+def test_a_run_survives_a_lost_sampler_and_env_actor_then_a_killed_driver_resumes(tmp_path: Path):
+    run_dir = tmp_path / "runs" / "faults"
+    # The default (disaggregated) placement, two samplers of two env actors, and CPUs to spare: the lost
+    # sampler's replacement has room to start at the next iteration.
+    faults = ["trainer.iterations=3", "sampler.count=2", "sampler.envs_per_sampler=2", "ray.num_cpus=4"]
+    proc, log = start_train(tmp_path, "faults", faults)
     try:
         # Each by PID while a rollout runs: a sampler in iteration 0, an env actor in iteration 1, the driver
         # (and its Ray) in iteration 2, after iteration 1's checkpoint.
         for iteration, victim in ((0, "SamplerActor"), (1, "EnvHost")):
-            deadline = time.monotonic() + 400
-            while iteration not in rollouts_started(log) and time.monotonic() < deadline and proc.poll() is None:
-                time.sleep(0.05)
-            assert proc.poll() is None, log.read_text()[-3000:]
+            await_rollout(proc, log, iteration)
             kill_actor_process(proc, victim)
-        deadline = time.monotonic() + 400
-        while 2 not in rollouts_started(log) and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.05)
-        assert proc.poll() is None, log.read_text()[-3000:]
+        await_rollout(proc, log, 2)
         kill_tree(proc)
     finally:
         if proc.poll() is None:
             kill_tree(proc)
     assert [r["iteration"] for r in metrics(run_dir)] == [0, 1]
 
-    resumed = run_cli("train", "--resume", str(run_dir), cwd=tmp_path, env=env)
+    resumed = run_cli("train", "--resume", str(run_dir), cwd=tmp_path, env=cli_env())
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    records = metrics(run_dir)
-    assert [r["iteration"] for r in records] == [0, 1, 2]  # every iteration exactly once
-    assert sum(r["pool/samplers_lost"] for r in records) == 1
-    assert sum(r["pool/samplers_added"] for r in records) == 1  # the replacement, started wherever there was room
-    assert [r["pool/samplers"] for r in records][1:] == [2, 2]
-    for record in records:  # every iteration played all of its episodes: 2 tasks x groups of 4
-        assert record["rollout/episodes"] + record["rollout/failed"] == 8
+    each_iteration_once_with_one_sampler_replaced(metrics(run_dir), iterations=3, samplers=2)
+
+
+@pytest.mark.slow
+def test_a_colocated_run_replaces_its_only_sampler_in_the_sampler_s_bundle(tmp_path: Path):
+    # One learner and its sampler in one bundle, and no CPU left outside it for a sampler: the replacement of the
+    # sampler killed mid-rollout can start only in the bundle its predecessor held.
+    colocated = ["trainer.iterations=2", "trainer.placement=colocated", "sampler.envs_per_sampler=2", "ray.num_cpus=2"]
+    proc, log = start_train(tmp_path, "colocated", colocated)
+    try:
+        await_rollout(proc, log, 0)
+        kill_actor_process(proc, "SamplerActor")
+        assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc)
+    each_iteration_once_with_one_sampler_replaced(metrics(tmp_path / "runs" / "colocated"), iterations=2, samplers=1)
