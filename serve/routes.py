@@ -331,16 +331,16 @@ class PolicyAPI:
             prepare = self.book.prepare.remote(token, messages_of(body), params.max_new_tokens, call=recorder.call)
             prepared = answered(await prepare)
             request = CompletionRequest(prompt_ids=prepared.prompt_ids, params=params, seed=body.seed)
-            if not prepared.recorded:
-                recorder.done = True  # nothing is held for a call served from the client's own text
+            recording = recorder if prepared.recorded else None  # a call served from the client's text records none
+            recorder.done = recording is None
             if body.stream:
                 weights_version, stream = await self.open_stream(request)
-                return self.event_stream(body, request, weights_version, stream, recorder)
+                return self.event_stream(body, request, weights_version, stream, recording)
             result = await self.policy.generate(request)
             completion = self.completion(body, request, result)
-            if not recorder.done:
+            if recording is not None:
                 choice = result.choices[0]
-                await recorder.record(
+                await recording.record(
                     choice.token_ids,
                     choice.logprobs,
                     result.weights_version,

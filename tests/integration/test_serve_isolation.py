@@ -241,3 +241,19 @@ def test_one_client_at_its_bound_gets_429_while_another_still_opens_one(url):
     closed = post(url, f"/v1/episodes/{episode}/reward", {"reward": 0.0}, key="flooder", episode=tokens[0])
     assert closed.status_code == 200, closed.text
     assert open_episode(url, "flooder")  # a closed episode no longer counts
+
+
+def test_a_streamed_call_of_a_changed_history_is_served_and_holds_nothing(url):
+    key = "changed-history"
+    token = open_episode(url, key)
+    reply = content(episode_call(url, key, token, OPENING))
+    edited = [*OPENING, {"role": "assistant", "content": reply + " (edited)"}, {"role": "user", "content": "Go on."}]
+    body = {"model": TINY_RANDOM, "messages": edited, "max_tokens": 8}
+    headers = {"Authorization": f"Bearer {key}", "X-Episode-Token": token}
+    with httpx.stream("POST", url + "/v1/chat/completions", json={**body, "stream": True}, headers=headers) as response:
+        events = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert response.status_code == 200 and events[-1] == "data: [DONE]"
+    assert not any('"error"' in event for event in events), events
+    episode = token.partition(".")[0]
+    closed = post(url, f"/v1/episodes/{episode}/reward", {"reward": 1.0}, key=key, episode=token)
+    assert closed.status_code == 200 and closed.json()["mismatch"] and closed.json()["turns"] == 1, closed.text
