@@ -95,9 +95,14 @@ class ChatCompletionRequest(Body):
     )
     max_completion_tokens: OptionalWholeNumber = Field(None, ge=1, description="Newer name of `max_tokens` (give one).")
     temperature: float | None = Field(
-        None, ge=0.0, le=2.0, description="Sampling temperature (default 1); 0 picks the likeliest token."
+        None,
+        ge=0.0,
+        le=2.0,
+        description="Sampling temperature (default 1); 0, or anything below 1e-5, picks the likeliest token.",
     )
-    top_p: float | None = Field(None, gt=0.0, le=1.0, description="Nucleus sampling mass (default 1).")
+    top_p: float | None = Field(
+        None, gt=0.0, le=1.0, description="Nucleus sampling mass (default 1); below 1e-5 picks the likeliest token."
+    )
     n: OptionalWholeNumber = Field(None, ge=1, description="Completions per request (default 1; at most serve.max_n).")
     stop: Annotated[str | list[str] | None, WithJsonSchema(STOP_SCHEMA)] = Field(
         None, description="Up to 4 strings; the text ends before the first one sampled (it is not returned)."
@@ -247,7 +252,9 @@ class ActRequest(Body):
     max_tokens: OptionalWholeNumber = Field(
         None, ge=1, description="Cap on generated tokens (default: the server cap)."
     )
-    temperature: float = Field(1.0, ge=0.0, le=2.0, description="Sampling temperature; 0 picks the likeliest token.")
+    temperature: float = Field(
+        1.0, ge=0.0, le=2.0, description="Sampling temperature; 0, or anything below 1e-5, picks the likeliest token."
+    )
     seed: OptionalWholeNumber = Field(None, description="Same seed, same request: the same completion.")
 
 
