@@ -230,7 +230,7 @@ class DecodeBatch:
             if math.isnan(lps[i]):
                 row.failure = RowFailedError(
                     f"the model's next-token probabilities for this completion are not finite after "
-                    f"{len(row.tokens)} tokens (its logits overflowed; float32 weights avoid that)"
+                    f"{len(row.tokens)} tokens: the logits overflowed (float16 weights) or the weights hold NaN"
                 )
                 events.append(RowFailure(row, row.failure))
                 continue
