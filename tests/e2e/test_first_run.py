@@ -3,6 +3,9 @@ machine where no built-in model is built yet, prints the project's own lines and
 notices, and its metrics carry the held-out success at the configured iterations."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,8 +56,10 @@ FIRST_RUN = [
 def test_a_first_run_prints_no_third_party_notices_and_records_held_out_success(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    # A cache of its own: tiny-random is built as on a new machine (its save_pretrained imports DeepSpeed).
+    # As on a new machine: tiny-random is built (its save_pretrained imports DeepSpeed), and Ray writes its first
+    # authentication token (~/.ray/auth_token).
     monkeypatch.setenv("AGENTGYM_RL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     done = run_cli("train", *FIRST_RUN, "--set", f"run.dir={tmp_path / 'runs'}", "--set", "run.name=first", cwd=REPO)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
@@ -67,3 +72,20 @@ def test_a_first_run_prints_no_third_party_notices_and_records_held_out_success(
         assert 0.0 <= record["heldout/success_low"] <= record["heldout/success_rate"]
         assert record["heldout/success_rate"] <= record["heldout/success_high"] <= 1.0
     assert "held-out tasks played" in output
+    assert (tmp_path / "home" / ".ray" / "auth_token").is_file()
+
+
+@pytest.mark.slow
+def test_the_first_build_of_the_built_in_model_says_so_in_one_line_without_the_gguf_bar(tmp_path: Path):
+    # The de-quantisation of smollm2-135m-instruct runs once per machine (here: per cache), in the driver.
+    env = {**os.environ, "AGENTGYM_RL_CACHE": str(tmp_path / "cache")}
+    build = "from agentgym_rl.actors.models import model_dir; model_dir('smollm2-135m-instruct')"
+    done = subprocess.run(
+        [sys.executable, "-c", build], env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "building the built-in model from its GGUF file" in output
+    for line in THIRD_PARTY_LINES:
+        assert line not in output, f"{line!r} in the output of the build:\n{output}"
+    assert (tmp_path / "cache" / "models" / "smollm2-135m-instruct-r1" / "config.json").is_file()
