@@ -213,12 +213,12 @@ class SamplerConfig(Section):
             return self.kv_cache_tokens
         return (self.max_envs_per_sampler or self.envs_per_sampler) * self.max_context_tokens
 
-    @model_validator(mode="after")
     @field_validator("engine")
     @classmethod
     def _registered_engine(cls, engine: str) -> str:
         return config_engine(engine)
 
+    @model_validator(mode="after")
     def _pool_bounds(self) -> SamplerConfig:
         top = self.max_count if self.max_count is not None else self.count
         if not self.min_count <= self.count <= top:
@@ -731,6 +731,11 @@ class ServeConfig(Section):
         default_factory=EpisodesConfig, description="Episodes recorded from clients' chat calls (`/v1/episodes`)."
     )
 
+    @field_validator("engine")
+    @classmethod
+    def _registered_engine(cls, engine: str | None) -> str | None:
+        return None if engine is None else config_engine(engine)
+
     @model_validator(mode="after")
     def _one_scaling_mode(self) -> ServeConfig:
         if self.autoscaling is not None and "num_replicas" in self.model_fields_set:
@@ -760,11 +765,6 @@ class Config(Section):
     """The whole training configuration; each component receives its own section."""
 
     run: RunConfig = Field(default_factory=RunConfig, description="Run name, directory and seed.")
-    @field_validator("engine")
-    @classmethod
-    def _registered_engine(cls, engine: str | None) -> str | None:
-        return None if engine is None else config_engine(engine)
-
     model: ModelConfig = Field(default_factory=ModelConfig, description="Policy model.")
     env: EnvConfig = Field(
         default_factory=EnvConfig, description="Training environment (unused for training when `envs` is set)."
