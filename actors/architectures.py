@@ -26,7 +26,7 @@ from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
 
-from agentgym_rl.actors.models import (
+from agentgym_rl.actors.model_store import (
     BUILTIN_MODELS,
     SMOLLM2,
     SMOLLM2_GGUF,

@@ -26,7 +26,7 @@ from agentgym_rl.actors.cluster import env_request, has_room, start_env_actor
 from agentgym_rl.actors.engines import Generation, make_engine
 from agentgym_rl.actors.heap import release_free_heap, return_large_frees_to_the_os
 from agentgym_rl.actors.logs import Timeline
-from agentgym_rl.actors.models import load_tokenizer
+from agentgym_rl.actors.model_store import load_tokenizer
 from agentgym_rl.actors.rollout import run_episode
 from agentgym_rl.actors.threads import set_torch_threads
 from agentgym_rl.actors.trajectory import Trajectory

@@ -4,7 +4,7 @@ The learner ``ray.put``s one :class:`WeightsPayload` per version and hands out i
 every sampler or server reads it by reference. Tensors are stored as numpy arrays, which Ray
 deserialises zero-copy from shared memory; bfloat16 (which numpy lacks) travels as int16 bits. A LoRA run
 publishes only its adapter (peft's tensor names, with ``lora_scale`` set); engines apply it to the base
-weights they hold (``actors.lora.AdapterMerger``).
+weights they hold (``actors.adapters.AdapterMerger``).
 """
 
 from __future__ import annotations

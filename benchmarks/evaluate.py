@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 _HERE = str(Path(__file__).resolve().parent)
 sys.path[:] = [str(REPO)] + [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
-from agentgym_rl.actors.models import resolve_dtype
+from agentgym_rl.actors.model_store import resolve_dtype
 from agentgym_rl.driver.evaluate import EvalOptions, run_eval
 
 SFT_ADAPTER = REPO / "docs" / "results" / "babyai" / "sft" / "adapter"

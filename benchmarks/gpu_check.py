@@ -724,7 +724,7 @@ def colocated_section(run: Run, tokenizer: Path | None, iterations: int) -> dict
     release_memory()
     from transformers import AutoTokenizer
 
-    from agentgym_rl.actors.models import model_dir
+    from agentgym_rl.actors.model_store import model_dir
 
     source = tokenizer or model_dir("tiny-random")
     vocabulary = len(AutoTokenizer.from_pretrained(source, local_files_only=True))

@@ -56,7 +56,7 @@ import torch
 
 from agentgym_rl.actors.cluster import init_ray
 from agentgym_rl.actors.engines import make_engine
-from agentgym_rl.actors.models import load_model, load_tokenizer, resolve_dtype
+from agentgym_rl.actors.model_store import load_model, load_tokenizer, resolve_dtype
 from agentgym_rl.actors.sampler import EpisodeRequest, SamplerActor, start_collect
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.actors.weights import pack_state_dict

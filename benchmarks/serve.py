@@ -41,7 +41,7 @@ import torch
 from agentgym_rl.actors.chat import ChatFormat
 from agentgym_rl.actors.cluster import init_ray
 from agentgym_rl.actors.engines import make_engine
-from agentgym_rl.actors.models import load_tokenizer
+from agentgym_rl.actors.model_store import load_tokenizer
 from agentgym_rl.configs import Config
 from agentgym_rl.configs.schema import SamplingConfig, ServeConfig
 from agentgym_rl.serve.app import ServeArgs, start_server, stop_server

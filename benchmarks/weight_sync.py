@@ -28,7 +28,7 @@ import ray
 import torch
 
 from agentgym_rl.actors.engines import make_engine
-from agentgym_rl.actors.models import load_model, load_tokenizer
+from agentgym_rl.actors.model_store import load_model, load_tokenizer
 from agentgym_rl.actors.weight_sync import GroupAddress, WeightGroup, free_address
 from agentgym_rl.actors.weights import pack_state_dict
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agentgym_rl.actors.chat import ChatFormat
-from agentgym_rl.actors.models import load_tokenizer
+from agentgym_rl.actors.model_store import load_tokenizer
 from agentgym_rl.actors.rundir import RunDir
 from agentgym_rl.actors.trajectory import Trajectory, sampled_spans
 from agentgym_rl.configs.errors import AgentGymError

@@ -20,9 +20,9 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from scipy import stats
 
+from agentgym_rl.actors.adapters import is_policy_dir, policy_source
 from agentgym_rl.actors.cluster import init_ray, node_capacities, plan_actors
-from agentgym_rl.actors.lora import is_policy_dir, policy_source
-from agentgym_rl.actors.models import model_dir
+from agentgym_rl.actors.model_store import model_dir
 from agentgym_rl.actors.pools import SamplerPool, completed
 from agentgym_rl.actors.rundir import CONFIG_FILE, POLICY_DIR, RunDir, latest_if_run
 from agentgym_rl.actors.sampler import EpisodeRequest

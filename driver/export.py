@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentgym_rl.actors.lora import load_policy, policy_source
-from agentgym_rl.actors.models import load_tokenizer
+from agentgym_rl.actors.adapters import load_policy, policy_source
+from agentgym_rl.actors.model_store import load_tokenizer
 from agentgym_rl.configs.errors import AgentGymError
 from agentgym_rl.driver.evaluate import resolve_checkpoint
 

@@ -67,7 +67,7 @@ import structlog
 
 from agentgym_rl.actors.architectures import ArchitectureError, Shape, read_architecture
 from agentgym_rl.actors.cluster import ClusterError, plan_actors
-from agentgym_rl.actors.models import bfloat16_is_fast
+from agentgym_rl.actors.model_store import bfloat16_is_fast
 from agentgym_rl.configs import Config
 from agentgym_rl.configs.errors import AgentGymError
 from agentgym_rl.configs.schema import LoraConfig
@@ -103,7 +103,7 @@ class Hardware:
         gpu_source: where ``gpu_bytes`` comes from (for the output).
         gpus_per_node: GPUs of each node, which the actors are packed into.
         default_gpus: GPUs an actor whose ``num_gpus`` is unset reserves (1 on a cluster with GPUs, else 0).
-        cpu_bfloat16: whether ``auto`` dtypes resolve to bfloat16 on a CPU (``actors.models.bfloat16_is_fast``).
+        cpu_bfloat16: whether ``auto`` dtypes resolve to bfloat16 on a CPU (``actors.model_store.bfloat16_is_fast``).
         cpus_per_node: CPUs of each node; None: not bounded (GPUs decide the nodes).
     """
 
@@ -298,7 +298,7 @@ def dtype_bytes(dtype: str) -> int:
 
 
 def resolve(dtype: str, gpu: bool, cpu_bfloat16: bool) -> str:
-    """``auto`` as ``actors.models.resolve_dtype`` resolves it on a GPU (bfloat16) or on this kind of CPU."""
+    """``auto`` as ``actors.model_store.resolve_dtype`` resolves it on a GPU (bfloat16) or on this kind of CPU."""
     if dtype != "auto":
         return dtype
     return "bfloat16" if gpu or cpu_bfloat16 else "float32"

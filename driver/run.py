@@ -7,10 +7,10 @@ from pathlib import Path
 
 import ray
 
+from agentgym_rl.actors.adapters import AdapterError, is_adapter_dir, read_checked_adapter
 from agentgym_rl.actors.chat import ChatFormat
 from agentgym_rl.actors.cluster import SHUTDOWN_GRACE_S, deadline, init_ray
-from agentgym_rl.actors.lora import AdapterError, is_adapter_dir, read_checked_adapter
-from agentgym_rl.actors.models import load_tokenizer
+from agentgym_rl.actors.model_store import load_tokenizer
 from agentgym_rl.actors.rundir import CONFIG_FILE, RunDir
 from agentgym_rl.configs import Config, ConfigError, load_config
 from agentgym_rl.driver.errors import TrainError

@@ -22,7 +22,7 @@ from typing import ClassVar
 import structlog
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from agentgym_rl.actors.models import model_dir
+from agentgym_rl.actors.model_store import model_dir
 from agentgym_rl.actors.rundir import TRAINER_STATE, RunDir
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.configs import Config

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 import structlog
 import torch
 
+from agentgym_rl.actors.adapters import load_policy, read_checked_adapter, write_base_model
 from agentgym_rl.actors.heap import release_free_heap, return_large_frees_to_the_os
 from agentgym_rl.actors.logs import Timeline
-from agentgym_rl.actors.lora import load_policy, read_checked_adapter, write_base_model
-from agentgym_rl.actors.models import load_model, load_tokenizer, resolve_dtype
+from agentgym_rl.actors.model_store import load_model, load_tokenizer, resolve_dtype
 from agentgym_rl.actors.threads import set_torch_threads
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.actors.transport import DeviceIdentity, SharedWeights, device_identity, share_cuda_tensors
@@ -36,7 +36,7 @@ from agentgym_rl.learner.algorithms.base import (
 from agentgym_rl.learner.backends import DeepSpeedBackend, TorchBackend
 from agentgym_rl.learner.batching import collate, pack, plan_rows, select_rows, unpack_targets
 from agentgym_rl.learner.forward import ValueModel, masked_token_outputs
-from agentgym_rl.learner.lora import (
+from agentgym_rl.learner.lora_policy import (
     TRAINED_ADAPTER,
     adapter_state_dict,
     add_reference_adapter,

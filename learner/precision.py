@@ -15,7 +15,7 @@ from typing import Literal
 
 import torch
 
-from agentgym_rl.actors.models import AUTO, bfloat16_is_fast
+from agentgym_rl.actors.model_store import AUTO, bfloat16_is_fast
 
 Precision = Literal["float32", "bf16-mixed"]
 

@@ -13,10 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from agentgym_rl.actors.adapters import is_policy_dir, policy_source, read_checked_adapter
 from agentgym_rl.actors.cluster import actor_gpus
 from agentgym_rl.actors.engines import Engine, EngineUnavailableError, UnknownEngineError, engine_class
-from agentgym_rl.actors.lora import is_policy_dir, policy_source, read_checked_adapter
-from agentgym_rl.actors.models import model_dir
+from agentgym_rl.actors.model_store import model_dir
 from agentgym_rl.actors.rundir import POLICY_DIR, latest_if_run
 from agentgym_rl.configs import Config
 from agentgym_rl.configs.errors import AgentGymError

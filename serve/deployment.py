@@ -30,9 +30,9 @@ import structlog
 import torch
 from ray import serve
 
+from agentgym_rl.actors.adapters import policy_source
 from agentgym_rl.actors.engines import ChoiceDelta, CompletionRequest, ServingEngine, make_serving_engine
-from agentgym_rl.actors.lora import policy_source
-from agentgym_rl.actors.models import load_tokenizer
+from agentgym_rl.actors.model_store import load_tokenizer
 from agentgym_rl.actors.weights import WeightsPayload
 from agentgym_rl.configs.schema import ServeConfig, VLLMConfig
 from agentgym_rl.envs.actor import hide_unreserved_gpus

@@ -35,9 +35,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
+from agentgym_rl.actors.adapters import policy_source
 from agentgym_rl.actors.chat import ChatFormat
-from agentgym_rl.actors.lora import policy_source
-from agentgym_rl.actors.models import load_tokenizer
+from agentgym_rl.actors.model_store import load_tokenizer
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.configs.schema import EpisodesConfig
 

@@ -23,17 +23,14 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from starlette.types import Receive, Scope, Send
 
+from agentgym_rl.actors.adapters import policy_source
 from agentgym_rl.actors.chat import ChatFormat
 from agentgym_rl.actors.engines import ChoiceDelta, CompletionRequest, SamplingParams
-from agentgym_rl.actors.lora import policy_source
-from agentgym_rl.actors.models import load_tokenizer
+from agentgym_rl.actors.model_store import load_tokenizer
 from agentgym_rl.configs.schema import ServeConfig
 from agentgym_rl.envs import EnvError, InvalidAction, TextEnv, make
 from agentgym_rl.envs.registry import names as env_names
-from agentgym_rl.serve.deployment import GenerateResult, StreamStart
-from agentgym_rl.serve.episodes import Refusal, split_token, token_of
-from agentgym_rl.serve.errors import ERROR_STATUSES, APIError, install_error_handlers, sse_error
-from agentgym_rl.serve.models import (
+from agentgym_rl.serve.bodies import (
     ActRequest,
     ActResponse,
     AssistantMessage,
@@ -57,6 +54,9 @@ from agentgym_rl.serve.models import (
     TopLogprob,
     Usage,
 )
+from agentgym_rl.serve.deployment import GenerateResult, StreamStart
+from agentgym_rl.serve.episodes import Refusal, split_token, token_of
+from agentgym_rl.serve.errors import ERROR_STATUSES, APIError, install_error_handlers, sse_error
 from agentgym_rl.serve.text import ReplyText, TokenTexts
 
 Body = TypeVar("Body", bound=BaseModel)

@@ -35,7 +35,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from transformers import PreTrainedTokenizerBase
 
-from agentgym_rl.actors.models import ModelError, load_tokenizer
+from agentgym_rl.actors.model_store import ModelError, load_tokenizer
 from agentgym_rl.actors.rundir import CONFIG_FILE, METRICS_FILE
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.configs import ConfigError, load_config

@@ -9,7 +9,7 @@ os.environ.pop("RAY_ADDRESS", None)
 
 import pytest
 
-from agentgym_rl.actors.models import load_tokenizer
+from agentgym_rl.actors.model_store import load_tokenizer
 
 
 @pytest.fixture(scope="session")

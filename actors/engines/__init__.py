@@ -19,7 +19,7 @@ from agentgym_rl.actors.engines.serving import (
     QueueFullError,
     ServingEngine,
 )
-from agentgym_rl.actors.models import resolve_dtype
+from agentgym_rl.actors.model_store import resolve_dtype
 from agentgym_rl.configs.schema import VLLMConfig
 
 

@@ -19,14 +19,14 @@ from transformers import DynamicCache, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicLayer
 from typing_extensions import override
 
+from agentgym_rl.actors.adapters import AdapterMerger, read_checked_adapter
 from agentgym_rl.actors.engines.base import Engine, EngineSpec, Generation
 from agentgym_rl.actors.engines.continuous import ContinuousBatcher
 from agentgym_rl.actors.engines.decode import DecodeBatch, Row
 from agentgym_rl.actors.engines.kv_cache import CachedPrefix, EpisodeKVCache, kv_bytes_per_token
 from agentgym_rl.actors.engines.sampling import SamplingParams, StopStrings
 from agentgym_rl.actors.engines.serving import ServingEngine
-from agentgym_rl.actors.lora import AdapterMerger, read_checked_adapter
-from agentgym_rl.actors.models import load_model, load_tokenizer
+from agentgym_rl.actors.model_store import load_model, load_tokenizer
 from agentgym_rl.configs.schema import SamplingConfig
 
 log = structlog.get_logger()

@@ -37,11 +37,11 @@ from typing import Any
 import torch
 from typing_extensions import override
 
+from agentgym_rl.actors.adapters import AdapterMerger, read_checked_adapter
 from agentgym_rl.actors.engines.base import Engine, EngineSpec, EngineUnavailableError, Generation
 from agentgym_rl.actors.engines.sampling import SamplingParams
 from agentgym_rl.actors.engines.serving import ChoiceDelta, CompletionRequest, ServingEngine, choice_seed
-from agentgym_rl.actors.lora import AdapterMerger, read_checked_adapter
-from agentgym_rl.actors.models import load_model, model_dir
+from agentgym_rl.actors.model_store import load_model, model_dir
 from agentgym_rl.actors.transport import DeviceIdentity, SharedWeights
 from agentgym_rl.actors.weight_sync import GroupAddress, WeightGroup, free_address
 from agentgym_rl.actors.weights import WeightsPayload

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agentgym_rl.actors.checkpoints import MANIFEST, checkpoint_damage
-from agentgym_rl.actors.models import model_dir
+from agentgym_rl.actors.model_store import model_dir
 from agentgym_rl.driver.cli import main
 from tests.e2e.helpers import run_cli
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agentgym_rl.actors.models import model_dir
+from agentgym_rl.actors.model_store import model_dir
 from agentgym_rl.actors.rundir import RunDir
 from agentgym_rl.configs import Config
 from agentgym_rl.driver.evaluate import episode_seeds

@@ -79,7 +79,7 @@ def test_a_first_run_prints_no_third_party_notices_and_records_held_out_success(
 def test_the_first_build_of_the_built_in_model_says_so_in_one_line_without_the_gguf_bar(tmp_path: Path):
     # The de-quantisation of smollm2-135m-instruct runs once per machine (here: per cache), in the driver.
     env = {**os.environ, "AGENTGYM_RL_CACHE": str(tmp_path / "cache")}
-    build = "from agentgym_rl.actors.models import model_dir; model_dir('smollm2-135m-instruct')"
+    build = "from agentgym_rl.actors.model_store import model_dir; model_dir('smollm2-135m-instruct')"
     done = subprocess.run(
         [sys.executable, "-c", build], env=env, capture_output=True, text=True, timeout=600, check=False
     )

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from agentgym_rl.actors.models import model_dir
+from agentgym_rl.actors.model_store import model_dir
 from tests.e2e.helpers import cli_env
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ import torch
 from typing_extensions import override
 
 from agentgym_rl.actors.engines import Engine, EngineSpec, Generation, register_engine
-from agentgym_rl.actors.models import load_tokenizer
+from agentgym_rl.actors.model_store import load_tokenizer
 from agentgym_rl.configs.schema import SamplingConfig
 
 

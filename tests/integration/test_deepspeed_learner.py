@@ -4,7 +4,7 @@ import pytest
 import ray
 import torch
 
-from agentgym_rl.actors.models import load_model
+from agentgym_rl.actors.model_store import load_model
 from agentgym_rl.actors.weight_sync import free_port
 from agentgym_rl.actors.weights import unpack_state_dict
 from agentgym_rl.configs import Config

@@ -21,7 +21,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from schemathesis.engine import events, from_schema
 
-from agentgym_rl.actors.models import TINY_RANDOM
+from agentgym_rl.actors.model_store import TINY_RANDOM
 from agentgym_rl.actors.weight_sync import free_port
 from agentgym_rl.configs.schema import EpisodesConfig, ServeConfig
 from agentgym_rl.envs.http import build_app

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import ray
 
-from agentgym_rl.actors.models import load_tokenizer, resolve_dtype
+from agentgym_rl.actors.model_store import load_tokenizer, resolve_dtype
 from agentgym_rl.actors.sampler import EpisodeRequest, SamplerActor, start_collect
 from agentgym_rl.configs import load_config
 from agentgym_rl.envs import make

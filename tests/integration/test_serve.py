@@ -21,7 +21,7 @@ from ray import serve as ray_serve
 from agentgym_rl.actors.chat import ChatFormat
 from agentgym_rl.actors.engines import make_engine
 from agentgym_rl.actors.engines.serving import choice_seed, seeded_generator
-from agentgym_rl.actors.models import load_model, load_tokenizer
+from agentgym_rl.actors.model_store import load_model, load_tokenizer
 from agentgym_rl.actors.weight_sync import free_port
 from agentgym_rl.actors.weights import pack_state_dict
 from agentgym_rl.configs.schema import SamplingConfig, ServeConfig

@@ -15,7 +15,7 @@ import torch
 from agentgym_rl.actors.chat import ChatFormat
 from agentgym_rl.actors.engines import make_engine
 from agentgym_rl.actors.engines.serving import choice_seed, seeded_generator
-from agentgym_rl.actors.models import TINY_RANDOM, load_tokenizer
+from agentgym_rl.actors.model_store import TINY_RANDOM, load_tokenizer
 from agentgym_rl.actors.weight_sync import free_port
 from agentgym_rl.configs.schema import EpisodesConfig, SamplingConfig, ServeConfig
 from agentgym_rl.serve.app import APP_NAME, ServeArgs, start_server, stop_server

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from agentgym_rl.actors.models import TINY_RANDOM
+from agentgym_rl.actors.model_store import TINY_RANDOM
 from agentgym_rl.actors.weight_sync import free_port
 from agentgym_rl.configs.schema import EpisodesConfig, ServeConfig
 from agentgym_rl.serve.app import ServeArgs, start_server, stop_server

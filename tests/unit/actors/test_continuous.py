@@ -15,7 +15,7 @@ import torch
 from agentgym_rl.actors.engines import CompletionRequest, QueueFullError, SamplingParams
 from agentgym_rl.actors.engines.continuous import ContinuousBatcher
 from agentgym_rl.actors.engines.serving import choice_seed, seeded_generator
-from agentgym_rl.actors.models import load_model
+from agentgym_rl.actors.model_store import load_model
 from agentgym_rl.actors.weights import pack_state_dict
 from agentgym_rl.configs.schema import SamplingConfig
 from tests.unit.actors.helpers import tiny_engine

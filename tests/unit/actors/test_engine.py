@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from agentgym_rl.actors.engines import EngineUnavailableError, make_engine
-from agentgym_rl.actors.models import TINY_RANDOM, load_model, model_dir
+from agentgym_rl.actors.model_store import TINY_RANDOM, load_model, model_dir
 from agentgym_rl.actors.weights import pack_state_dict
 from agentgym_rl.configs.schema import SamplerConfig, SamplingConfig
 from tests.unit.actors.helpers import tiny_engine

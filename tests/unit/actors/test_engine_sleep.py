@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from agentgym_rl.actors.models import TINY_RANDOM, load_model
+from agentgym_rl.actors.model_store import TINY_RANDOM, load_model
 from agentgym_rl.configs.schema import SamplingConfig
 from tests.unit.actors.helpers import tiny_engine
 

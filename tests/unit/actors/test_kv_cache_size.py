@@ -9,7 +9,7 @@ from transformers import DynamicCache
 
 from agentgym_rl.actors.engines import make_engine
 from agentgym_rl.actors.engines.kv_cache import kv_bytes_per_token
-from agentgym_rl.actors.models import TINY_RANDOM, load_model
+from agentgym_rl.actors.model_store import TINY_RANDOM, load_model
 from agentgym_rl.configs import load_config
 
 

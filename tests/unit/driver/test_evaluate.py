@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agentgym_rl.actors.models import model_dir
+from agentgym_rl.actors.model_store import model_dir
 from agentgym_rl.actors.rundir import RunDir
 from agentgym_rl.configs import Config, ConfigError, dump_config, load_config
 from agentgym_rl.driver.evaluate import (

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from agentgym_rl.actors.lora import BASE_MODEL
+from agentgym_rl.actors.adapters import BASE_MODEL
 from agentgym_rl.driver.cli import main
 from tests.unit.driver.test_evaluate import lora_checkpoint
 from tests.unit.learner.helpers import batch_of

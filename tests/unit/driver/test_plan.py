@@ -14,7 +14,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
 from agentgym_rl.actors.architectures import ArchitectureError, Shape, published_shape, read_architecture
-from agentgym_rl.actors.models import load_model
+from agentgym_rl.actors.model_store import load_model
 from agentgym_rl.configs import load_config
 from agentgym_rl.configs.schema import LoraConfig
 from agentgym_rl.driver.cli import PLAN_DOES_NOT_FIT, main
@@ -81,7 +81,7 @@ def test_parameter_count_is_that_of_the_model_built_from_the_config(name: str):
 def test_lora_counts_are_those_peft_adapts(name: str, targets):
     from peft.tuners.lora import LoraLayer
 
-    from agentgym_rl.learner.lora import apply_lora
+    from agentgym_rl.learner.lora_policy import apply_lora
 
     config, lora = CONFIGS[name](), LoraConfig(r=8, target_modules=targets)
     shape = Shape.from_config(config)

@@ -1,6 +1,6 @@
 import torch
 
-from agentgym_rl.actors.models import load_model
+from agentgym_rl.actors.model_store import load_model
 from agentgym_rl.learner.forward import mask_argument, masked_token_outputs
 
 

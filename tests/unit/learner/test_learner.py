@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from agentgym_rl.actors.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, BASE_MODEL, AdapterError, load_policy
-from agentgym_rl.actors.models import load_model, load_tokenizer
+from agentgym_rl.actors.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, BASE_MODEL, AdapterError, load_policy
+from agentgym_rl.actors.model_store import load_model, load_tokenizer
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.configs import Config
 from agentgym_rl.configs.loader import apply_override

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentgym_rl.actors.models import TINY_RANDOM, load_model, load_tokenizer
+from agentgym_rl.actors.model_store import TINY_RANDOM, load_model, load_tokenizer
 from agentgym_rl.actors.weights import pack_state_dict
 from agentgym_rl.configs.schema import SamplingConfig
 from tests.unit.actors.helpers import tiny_engine

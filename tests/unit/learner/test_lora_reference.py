@@ -4,11 +4,11 @@ base weights are held once, in the compute dtype, and the reference scores as a 
 import pytest
 import torch
 
-from agentgym_rl.actors.lora import load_policy, read_adapter
-from agentgym_rl.actors.models import load_model
+from agentgym_rl.actors.adapters import load_policy, read_adapter
+from agentgym_rl.actors.model_store import load_model
 from agentgym_rl.learner.algorithms.base import LOSS_MASK, OLD_LOGPROBS, REF_LOGPROBS
 from agentgym_rl.learner.forward import masked_token_outputs
-from agentgym_rl.learner.lora import adapter_state_dict
+from agentgym_rl.learner.lora_policy import adapter_state_dict
 from tests.unit.learner.helpers import batch_of
 from tests.unit.learner.test_learner import LORA, make_learner
 

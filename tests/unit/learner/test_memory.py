@@ -8,7 +8,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from agentgym_rl.actors.models import load_model
+from agentgym_rl.actors.model_store import load_model
 from agentgym_rl.learner.forward import masked_token_outputs
 from agentgym_rl.learner.precision import BFloat16Compute
 from tests.unit.learner.helpers import batch_of

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from agentgym_rl.actors.models import TINY_RANDOM, load_tokenizer
+from agentgym_rl.actors.model_store import TINY_RANDOM, load_tokenizer
 from agentgym_rl.actors.transport import choose_transport
 from agentgym_rl.actors.weight_sync import (
     GroupAddress,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentgym_rl.actors.chat import ChatFormat
-from agentgym_rl.actors.models import TINY_RANDOM, load_tokenizer
+from agentgym_rl.actors.model_store import TINY_RANDOM, load_tokenizer
 from agentgym_rl.configs.schema import EpisodesConfig
 from agentgym_rl.serve.episodes import EpisodeBook, Prepared, Refusal, token_of
 

@@ -8,7 +8,7 @@ import pydantic
 import pytest
 
 from agentgym_rl.configs.schema import ServeConfig
-from agentgym_rl.serve.models import ChatCompletionRequest, EpisodeReward
+from agentgym_rl.serve.bodies import ChatCompletionRequest, EpisodeReward
 from agentgym_rl.serve.routes import PolicyAPI, build_api
 
 LIMITS = ServeConfig(max_tokens=64, max_n=2)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from agentgym_rl.actors.models import load_model, model_dir
+from agentgym_rl.actors.model_store import load_model, model_dir
 from agentgym_rl.configs.errors import AgentGymError
 
 ADAPTER_CONFIG = "adapter_config.json"

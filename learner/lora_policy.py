@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import torch
 
-from agentgym_rl.actors.lora import Adapter, AdapterError
+from agentgym_rl.actors.adapters import Adapter, AdapterError
 from agentgym_rl.configs.schema import LoraConfig
 
 # peft's name for the adapter ``get_peft_model`` adds: the one a run trains, saves and publishes.
