@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
+from agentgym_rl.configs.targets import import_target
 from agentgym_rl.envs.base import EnvError, TextEnv
 
 _REGISTRY: dict[str, str] = {}
@@ -28,10 +28,9 @@ def env_class(name: str) -> type[TextEnv]:
     if name not in _REGISTRY and ":" not in name:
         raise EnvError(f"unknown env {name!r}; registered envs: {', '.join(names())}")
     target = _REGISTRY.get(name, name)
-    module_name, _, attr = target.partition(":")
     try:
-        found = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as exc:  # ValueError: an empty or relative module name
+        found = import_target(target)
+    except ImportError as exc:
         raise EnvError(f"env {name!r} names {target!r}, which cannot be loaded: {exc}") from exc
     if not (isinstance(found, type) and issubclass(found, TextEnv)):
         raise EnvError(f"env {name!r} names {target!r}, which is not a TextEnv subclass")

@@ -6,10 +6,9 @@ The names and the import paths they stand for are kept in ``configs.engines`` (t
 
 from __future__ import annotations
 
-import importlib
-
 from agentgym_rl.actors.engines.base import Engine, UnknownEngineError
 from agentgym_rl.configs.engines import add_engine_target, engine_names, engine_target
+from agentgym_rl.configs.targets import import_target
 
 
 def register_engine(name: str, engine: type[Engine]) -> None:
@@ -47,10 +46,9 @@ def engine_class(name: str) -> type[Engine]:
         target = engine_target(name)
     except ValueError as exc:
         raise UnknownEngineError(str(exc)) from None
-    module_name, _, attr = target.partition(":")
     try:
-        found = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as exc:  # ValueError: an empty or relative module name
+        found = import_target(target)
+    except ImportError as exc:
         raise UnknownEngineError(f"engine {name!r} names {target!r}, which cannot be imported: {exc}") from exc
     if not (isinstance(found, type) and issubclass(found, Engine)):
         raise UnknownEngineError(f"engine {name!r} names {target!r}, which is not a subclass of actors.engines.Engine")

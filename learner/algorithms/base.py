@@ -8,7 +8,6 @@ fills the hooks, and is selected in YAML by its registered name or as ``package.
 from __future__ import annotations
 
 import abc
-import importlib
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
@@ -16,6 +15,7 @@ from pydantic import ConfigDict, Field, ValidationError
 
 from agentgym_rl.configs.errors import AgentGymError
 from agentgym_rl.configs.strict import StrictNumbers
+from agentgym_rl.configs.targets import import_target
 
 if TYPE_CHECKING:
     from agentgym_rl.actors.trajectory import Trajectory
@@ -182,10 +182,9 @@ def resolve_algorithm(name: str) -> type[Algorithm]:
                 "(or give package.module:ClassName)"
             )
         return _REGISTRY[name]
-    module_name, _, attr = name.partition(":")
     try:
-        cls = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
+        cls = import_target(name)
+    except ImportError as exc:
         raise AlgorithmConfigError(f"algorithm.name: {name!r} cannot be imported: {exc}") from exc
     if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
         raise AlgorithmConfigError(f"algorithm.name: {name!r} is not a subclass of learner.Algorithm")

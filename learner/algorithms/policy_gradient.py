@@ -9,7 +9,6 @@ against the sampler/learner mismatch, plus the KL loss term and the entropy bonu
 from __future__ import annotations
 
 import abc
-import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -17,6 +16,7 @@ import torch
 from pydantic import BaseModel, Field, field_validator, model_validator
 from typing_extensions import override
 
+from agentgym_rl.configs.targets import import_target
 from agentgym_rl.learner.advantages import discounted_turn_returns, turn_rewards, uniform_groups
 from agentgym_rl.learner.algorithms.base import (
     ADVANTAGES,
@@ -109,10 +109,9 @@ def resolve_policy_loss(name: str) -> PolicyLoss:
                 "(or give package.module:function)"
             )
         return _POLICY_LOSSES[name]
-    module_name, _, attr = name.partition(":")
     try:
-        loss = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as exc:  # ValueError: an empty or relative module name
+        loss = import_target(name)
+    except ImportError as exc:
         raise AlgorithmConfigError(f"policy loss {name!r} cannot be imported: {exc}") from exc
     if not callable(loss):
         raise AlgorithmConfigError(f"policy loss {name!r} is not a function")
