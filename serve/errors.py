@@ -11,7 +11,7 @@ raises its matching exception (``BadRequestError`` for 400, ``AuthenticationErro
 | 404 | unknown model, env or route |
 | 405 | a route called with a method it does not take (``Allow`` names those it takes) |
 | 413 | request body over ``serve.max_body_bytes`` |
-| 429 | the replica holds its most requests (``serve.max_batch_size + serve.max_queued_requests``) |
+| 429 | the replica holds its most requests, or the episode book its most (in all, or for this client) |
 | 503 | the model is still loading (with ``Retry-After``) |
 | 500 | anything else |
 """
@@ -46,7 +46,8 @@ ERROR_STATUSES = {
     409: "an episode already closed or with a call in progress, or a call or reward that does not fit what the "
     "episode recorded (its conversation so far, its number of turns)",
     413: "request body over serve.max_body_bytes",
-    429: "the replica holds its most requests (serve.max_batch_size + serve.max_queued_requests)",
+    429: "the replica holds its most requests (serve.max_batch_size + serve.max_queued_requests), or the episode "
+    "book is full (serve.episodes.max_open) or holds this client's most (serve.episodes.max_open_per_client)",
     500: "anything unexpected",
     503: "the model is still loading (with Retry-After)",
 }
