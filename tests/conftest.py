@@ -29,3 +29,11 @@ def ray_local():
     init_ray(Config.model_validate({"ray": {"num_cpus": 2}}))
     yield ray
     ray.shutdown()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files that hold a slow test run first (order kept otherwise): the CI command runs the suite on three
+    pytest-xdist workers, a file per worker at a time, and minutes-long files started last would leave two
+    workers idle while the third finishes them."""
+    heavy = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in heavy)
