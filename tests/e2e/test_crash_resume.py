@@ -172,7 +172,6 @@ def test_a_background_run_stops_on_a_signal_and_resumes(tmp_path: Path, signum: 
 
 
 @pytest.mark.slow
-@pytest.mark.ci
 def test_a_time_limit_stops_after_a_checkpointed_iteration_and_resume_finishes(tmp_path: Path):
     runs = tmp_path / "runs"
     run_dir = runs / "limited"
