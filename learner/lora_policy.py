@@ -4,12 +4,17 @@ weights samplers and checkpoints need."""
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 
 import torch
 
 from agentgym_rl.actors.adapters import Adapter, AdapterError
 from agentgym_rl.configs.schema import LoraConfig
+
+# peft reads transformers' `is_gradient_checkpointing`, which transformers 5.2x deprecates with a FutureWarning in every
+# learner that wraps its policy: a notice between two libraries, about nothing this run does.
+warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 # peft's name for the adapter ``get_peft_model`` adds: the one a run trains, saves and publishes.
 TRAINED_ADAPTER = "default"

@@ -27,7 +27,9 @@ row attends any more, so the cache is as wide as the longest live row::
 
 from __future__ import annotations
 
+import logging
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -36,6 +38,11 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from agentgym_rl.actors.engines.sampling import SamplingParams, StopStrings, filter_logits, sample_rows, stream_on
+
+# transformers 5.2x renamed the forward's `past_key_values` to `cache` and says so in every process that decodes
+# (a FutureWarning and a log line); the versions supported from 4.56 on know only the old name, which all still take.
+warnings.filterwarnings("ignore", message="`past_key_values` is deprecated", category=FutureWarning)
+logging.getLogger("transformers.utils.generic").setLevel(logging.ERROR)
 
 # Per row: (cached length, its per-layer keys/values or None). Cached columns come before new ids.
 Reused = tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]

@@ -21,6 +21,11 @@ THIRD_PARTY_LINES = (
     "Token authentication is enabled",  # Ray's start of a local instance
     "Generated new authentication token",  # Ray, on a machine's first local instance
     "Sampling rejected:",  # minigrid's BabyAI level generator, printed by the env actors
+    # transformers 5.2x (README's install gets it; the dev install's vLLM pins an older one): the decode step's
+    # cache argument, and peft reading a deprecated property of a LoRA policy
+    "`past_key_values` is deprecated",
+    "`past_key_values`/`cache_params` are deprecated",
+    "`is_gradient_checkpointing` is deprecated",
 )
 
 FIRST_RUN = [
