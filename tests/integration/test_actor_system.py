@@ -64,7 +64,10 @@ def test_an_episode_samples_the_same_tokens_whatever_it_is_batched_with(system):
     crowd = [EpisodeRequest(task_id=t, group=i, seed=s) for i, (t, s) in enumerate([(122, 1), (121, 77), (161, 3)])]
     batched = ray.get(start_collect(samplers[1], crowd)[1])
     assert batched.token_ids == alone.token_ids
-    assert batched.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+    # Batched rows run GEMMs of other shapes (and left padding), which the CPU's BLAS may sum in another
+    # order: a CI machine measured up to 4.9e-4 apart at log-probs near -10.8. 2e-3 is a 0.2 % importance
+    # ratio, far inside any clip range; the tokens above are the exact claim.
+    assert batched.logprobs == pytest.approx(alone.logprobs, abs=2e-3)
 
 
 def test_oracle_policy_plays_demonstrations(ray_local):
