@@ -2,13 +2,16 @@
 
 from agentgym_rl.envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv
 from agentgym_rl.envs.registry import env_class, make, names, register
+from agentgym_rl.envs.tools import Function, ToolCall
 
 __all__ = [
     "EnvError",
+    "Function",
     "InvalidAction",
     "Observation",
     "StepResult",
     "TextEnv",
+    "ToolCall",
     "env_class",
     "make",
     "names",

@@ -17,6 +17,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentgym_rl.configs.errors import AgentGymError
+from agentgym_rl.envs.tools import Function, ToolCall, function_named
 
 _ACTION_MARKER = re.compile(r"action\s*:", re.IGNORECASE)
 _QUOTES = "\"'`"
@@ -143,6 +144,43 @@ class TextEnv(abc.ABC):
         """The score an episode whose rewards sum to ``reward`` is reported with (an env may rescale its
         rewards back to its benchmark's scale). Default: the reward."""
         return reward
+
+    def functions(self) -> list[Function]:
+        """The env's actions as functions, for ``env.action_format: tools`` (see :mod:`agentgym_rl.envs.tools`).
+        Default: none, the env is played in text only."""
+        return []
+
+    @classmethod
+    def has_functions(cls) -> bool:
+        """Whether the env overrides :meth:`functions`."""
+        return cls.functions is not TextEnv.functions
+
+    def action_of_call(self, call: ToolCall) -> str | InvalidAction:
+        """The action text ``call`` stands for, which :meth:`step` then applies, or why it stands for none.
+
+        The default checks that the function is one of :meth:`functions` and that the arguments fit its schema,
+        then hands the call to :meth:`action_text` (the one hook an env with functions writes).
+        """
+        function = function_named(self.functions(), call.name)
+        if function is None:
+            valid = ", ".join(f.name for f in self.functions()) or "none"
+            return InvalidAction(reason=f"there is no function {call.name!r}; the functions are: {valid}")
+        if (error := function.argument_error(call.arguments)) is not None:
+            return InvalidAction(reason=error)
+        return self.action_text(call)
+
+    def action_text(self, call: ToolCall) -> str:
+        """The action text of a call already checked against its function's schema (see :meth:`action_of_call`).
+
+        Raises:
+            EnvError: the env has no functions.
+        """
+        raise EnvError(f"env {self.name!r} describes no actions as functions")
+
+    def call_of_action(self, action: str) -> ToolCall | None:
+        """The call that stands for the text ``action`` (the inverse of :meth:`action_text`), so that oracle
+        demonstrations can be written as tool calls; None when no function expresses it. Default: None."""
+        return None
 
     def oracle_action(self) -> str:
         """The oracle's next action from the current state (an expert that ``sampler.policy=oracle``
