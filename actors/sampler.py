@@ -4,8 +4,8 @@ Each episode is a coroutine (``actors.rollout.run_episode``). Episodes that are 
 model put their prompt on a queue; one batching loop takes every pending prompt, runs a single
 batched ``generate`` in a worker thread (torch releases the GIL, so environment replies keep
 arriving meanwhile) and hands the results back. A slow environment delays only its own episode.
-An env actor that dies or exceeds ``sampler.env_timeout_s`` is killed and replaced (dropped instead
-when no node has room for a new one); its episode is retried once from the start on a free actor,
+An env actor that dies, exceeds ``sampler.env_timeout_s`` or whose env raises ``EnvUnavailable`` (the server
+behind it failed) is killed and replaced (dropped instead when no node has room for a new one); its episode is retried once from the start on a free actor,
 then returned as a ``failed`` record (never trained on). ``add_envs`` grows the env pool.
 """
 
@@ -35,11 +35,19 @@ from agentgym_rl.actors.weight_sync import GroupAddress
 from agentgym_rl.actors.weights import WeightsPayload
 from agentgym_rl.configs.schema import EnvConfig, ModelConfig, SamplerConfig
 from agentgym_rl.envs.actor import EnvRestarted, hide_unreserved_gpus
+from agentgym_rl.envs.base import EnvUnavailable
 
 log = structlog.get_logger()
 
-# What an env actor that died, cannot be reached or hangs raises; the episode moves to a fresh actor.
-ENV_FAILURES = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, TimeoutError, EnvRestarted)
+# What an env actor that died, cannot be reached or hangs raises, and what an env raises when the process or
+# server behind it failed (EnvUnavailable); the episode moves to a fresh actor.
+ENV_FAILURES = (
+    ray.exceptions.RayActorError,
+    ray.exceptions.ActorUnavailableError,
+    TimeoutError,
+    EnvRestarted,
+    EnvUnavailable,
+)
 
 # How long the batching loop waits for the rest of the active episodes to ask for a turn before
 # it generates for those already waiting. Env steps take milliseconds; generation takes far longer.

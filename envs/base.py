@@ -42,6 +42,14 @@ class EnvError(AgentGymError):
     """Raised for caller errors that are not model output: unknown task ids, unknown splits."""
 
 
+class EnvUnavailable(EnvError):
+    """The env cannot go on with its episode: the process or server behind it died, hung or answered garbage.
+
+    A sampler moves the episode to a fresh env actor once, then records it as failed (never trained on), and the
+    run goes on; the message names the server so the log says which one failed.
+    """
+
+
 class Observation(BaseModel):
     """What the agent sees after ``reset``: the first user message of the episode."""
 
