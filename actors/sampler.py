@@ -5,8 +5,8 @@ model put their prompt on a queue; one batching loop takes every pending prompt,
 batched ``generate`` in a worker thread (torch releases the GIL, so environment replies keep
 arriving meanwhile) and hands the results back. A slow environment delays only its own episode.
 An env actor that dies, exceeds ``sampler.env_timeout_s`` or whose env raises ``EnvUnavailable`` (the server
-behind it failed) is killed and replaced (dropped instead when no node has room for a new one); its episode is retried once from the start on a free actor,
-then returned as a ``failed`` record (never trained on). ``add_envs`` grows the env pool.
+behind it failed) is killed and replaced (dropped instead when no node has room for a new one); its episode
+is retried once from the start on a free actor, then returned as a ``failed`` record (never trained on). ``add_envs`` grows the env pool.
 """
 
 from __future__ import annotations
