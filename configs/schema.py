@@ -39,6 +39,21 @@ class ModelConfig(Section):
         "committed stage's `adapter`) to start from: a LoRA run (`learner.lora.enabled`) goes on training it, a "
         "full run starts from the base with it merged in. Its base model's weights hash is checked on load.",
     )
+    tool_format: str = Field(
+        "hermes",
+        description="How tool calls are written in text, for the endpoint's function calling, the episode book and "
+        "`env.action_format: tools` rollouts: a registered format (`hermes`: functions in `<tools>` in the system "
+        'prompt, calls as `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, results in '
+        "`<tool_response>`, the Qwen2.5/Qwen3 and Hermes convention) or a `package.module:Class` path (see "
+        "`actors.tool_formats.register_tool_format`). Checked when a sampler or replica starts.",
+    )
+    tool_template: Literal["auto", "builtin", "model"] = Field(
+        "auto",
+        description="What renders a conversation's opening when functions are offered: `model`, the model's own chat "
+        "template (it must render tools, and a call's result the way the format appends it after a reply); "
+        "`builtin`, the format's own text through the plain template (SmolLM2's template renders no tools); `auto`, "
+        "the model's own where it qualifies, else the built-in one.",
+    )
 
 
 class EnvConfig(Section):
