@@ -1,0 +1,1 @@
+"""OpenEnv, both ways: any OpenEnv server played as an env (``client``), every env served over OpenEnv (``server``)."""
