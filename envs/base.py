@@ -230,3 +230,13 @@ def state_digest(key: Hashable | None) -> str | None:
     if key is None:
         return None
     return hashlib.blake2b(repr(key).encode(), digest_size=12).hexdigest()
+
+
+def reply_of_action(env: TextEnv, action: str) -> str:
+    """The text to hand to ``env.step`` for ``action``: a bare action (what AgentGym's clients and OpenEnv's text
+    actions send) gains an ``Action:`` prefix when only that makes the env parse it; any other text is kept."""
+    if isinstance(env.parse_action(action), InvalidAction):
+        prefixed = f"Action: {action}"
+        if not isinstance(env.parse_action(prefixed), InvalidAction):
+            return prefixed
+    return action

@@ -15,7 +15,7 @@ import structlog
 from fastapi.encoders import jsonable_encoder
 from starlette.concurrency import run_in_threadpool
 
-from agentgym_rl.envs.base import EnvError, InvalidAction, Observation, TextEnv
+from agentgym_rl.envs.base import EnvError, Observation, TextEnv, reply_of_action
 from agentgym_rl.envs.http.models import ServerOptions
 from agentgym_rl.envs.registry import make
 
@@ -44,15 +44,6 @@ class Session:
     started: bool = False
     done: bool = False
     closed: bool = False
-
-
-def _env_action(env: TextEnv, action: str) -> str:
-    """The text to hand to ``env.step``: bare actions (AgentGym clients send those) gain an ``Action:`` prefix."""
-    if isinstance(env.parse_action(action), InvalidAction):
-        prefixed = f"Action: {action}"
-        if not isinstance(env.parse_action(prefixed), InvalidAction):
-            return prefixed
-    return action
 
 
 class EnvService:
@@ -124,7 +115,7 @@ class EnvService:
             env = session.env
 
             def run() -> Any:
-                return env.step(action if verbatim else _env_action(env, action))
+                return env.step(action if verbatim else reply_of_action(env, action))
 
             try:
                 result = await self._call(env_id, "step", run)
