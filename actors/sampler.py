@@ -49,6 +49,14 @@ ENV_FAILURES = (
     EnvUnavailable,
 )
 
+
+def failure_reason(exc: BaseException) -> str:
+    """The first line of what ``exc`` says, naming the env's own error where an env method raised it: a
+    ``RayTaskError``'s text starts with the actor's pid and address, its cause names the server that failed."""
+    cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) and exc.cause is not None else exc
+    return f"{type(cause).__name__}: {cause}".splitlines()[0]
+
+
 # How long the batching loop waits for the rest of the active episodes to ask for a turn before
 # it generates for those already waiting. Env steps take milliseconds; generation takes far longer.
 BATCH_WINDOW_S = 0.01
@@ -253,7 +261,7 @@ class SamplerActor:
             try:
                 return await self._env_call(env.instruction.remote())
             except ENV_FAILURES as exc:
-                log.warning("env actor failed; asking another", reason=f"{type(exc).__name__}: {exc}".splitlines()[0])
+                log.warning("env actor failed; asking another", reason=failure_reason(exc))
         raise RuntimeError(f"sampler {self.index}: no env actor answered; every one of {len(self.envs)} failed")
 
     async def _started(self, env: ray.actor.ActorHandle) -> bool:
@@ -263,7 +271,7 @@ class SamplerActor:
             # its own, longer limit, so that ``env_timeout_s`` can be tight.
             await asyncio.wait_for(self._await(env.health.remote()), self.config.start_timeout_s)
         except ENV_FAILURES as exc:
-            log.warning("env actor did not start", reason=f"{type(exc).__name__}: {exc}".splitlines()[0])
+            log.warning("env actor did not start", reason=failure_reason(exc))
             return False
         return True
 
@@ -355,7 +363,7 @@ class SamplerActor:
             try:
                 return await self._play_on(env, request, horizon)
             except ENV_FAILURES as exc:
-                reasons.append(f"{type(exc).__name__}: {exc}".splitlines()[0])
+                reasons.append(failure_reason(exc))
                 log.warning("env actor failed; replacing it", task_id=request.task_id, reason=reasons[-1])
                 env = await self._replace_env(env)
             finally:
