@@ -5,7 +5,7 @@
 Every row is one ``agentgym-rl eval`` (``run_eval``, Ray started and stopped inside it, as the command does)
 of the same N held-out BabyAI tasks (evenly spaced over the test split's 200, so every level is reached),
 one episode each at temperature 1 from the same sampling seeds, at most 10 turns: the evaluation that
-``docs/results/babyai/run_stage.sh`` runs for every row, shortened. The policy is the committed SFT adapter
+``docs/results/run_stage.sh babyai`` runs for every row, shortened. The policy is the committed SFT adapter
 (SmolLM2-135M-Instruct + ``docs/results/babyai/sft/adapter``); ``--quick`` plays ``tiny-random`` on 8 tasks
 instead (random text: every episode runs all 10 turns), to check the script in about a minute.
 

@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
 """Bring a stage's LoRA adapter weights back from git history, byte for byte.
 
-    python docs/results/restore_adapter.py STAGE
+    python docs/results/restore_adapter.py EXPERIMENT/STAGE    # e.g. babyai/grpo_fixed_long; or gateway
+    python docs/results/restore_adapter.py STAGE               # a stage name only one experiment has
 
-The tracked tree holds one stage adapter's weights, the SFT stage's (the quickstart and the BabyAI stage configs
-start from it); every other stage's ``adapter_model.safetensors`` was committed with its results and then removed
-from the tree, to keep the tree small. This writes the last committed version of STAGE's file back in place, in the
-repository of the working directory, after checking it against the SHA-256 that ``docs/results/adapters.sha256``
-records. STAGE is the folder that holds the ``adapter/`` (``sft``, ``grpo_stepwise``, ``grpo_fixed_short``,
-``grpo_fixed_long``, ``gigpo_stepwise``, ``gateway``). A restored file is ignored by git (``docs/results/.gitignore``).
-It needs the repository's history: in a shallow clone, ``git fetch --unshallow`` first. Only the standard library
-and ``git`` are used, so any Python 3.11 runs it.
+The tracked tree holds one stage adapter's weights, the BabyAI SFT stage's (the quickstart loads it); every other
+stage's ``adapter_model.safetensors`` was committed with its results and then removed from the tree, to keep the
+tree small. This writes the last committed version of the stage's file back in place, in the repository of the
+working directory, after checking it against the SHA-256 that ``docs/results/adapters.sha256`` records. A stage is
+named by the folders that hold its ``adapter/`` under docs/results (``babyai/sft``, ``textcraft/grpo_fixed``, the
+BabyAI gateway run's ``gateway``). A restored file is ignored by git (``docs/results/.gitignore``). It needs the
+repository's history: in a shallow clone, ``git fetch --unshallow`` first. Only the standard library and ``git`` are
+used, so any Python 3.11 runs it.
 """
 
 from __future__ import annotations
@@ -37,8 +38,24 @@ def recorded(root: Path) -> dict[str, tuple[str, str]]:
     stages = {}
     for line in (root / MANIFEST).read_text().splitlines():
         digest, path = line.split(maxsplit=1)
-        stages[Path(path).parents[1].name] = (path, digest)  # <stage>/adapter/adapter_model.safetensors
+        # docs/results/<experiment>/<stage>/adapter/adapter_model.safetensors, or docs/results/<stage>/adapter/...
+        stages[Path(path).parent.parent.relative_to("docs/results").as_posix()] = (path, digest)
     return stages
+
+
+def resolve(stages: dict[str, tuple[str, str]], name: str) -> str:
+    """The recorded stage ``name`` stands for: itself, or the one stage whose last folder is ``name``.
+
+    Raises:
+        LookupError: none or several stages (the message lists them).
+    """
+    if name in stages:
+        return name
+    matches = [stage for stage in stages if stage.rsplit("/", 1)[-1] == name]
+    if len(matches) == 1:
+        return matches[0]
+    what = f"several stages are called {name!r}: {', '.join(matches)}" if matches else f"no stage {name!r}"
+    raise LookupError(f"{what}; the recorded stages: {', '.join(sorted(stages))}")
 
 
 def restore(root: Path, path: str, digest: str) -> str:
@@ -72,8 +89,15 @@ def main() -> None:
     root = Path(git(None, "rev-parse", "--show-toplevel").decode().strip())
     stages = recorded(root)
     parser = argparse.ArgumentParser(description="Bring a stage's LoRA adapter weights back from git history.")
-    parser.add_argument("stage", metavar="STAGE", choices=sorted(stages), help="the stage: %(choices)s")
-    stage = parser.parse_args().stage
+    parser.add_argument(
+        "stage",
+        metavar="EXPERIMENT/STAGE",
+        help=f"the stage, or a stage name only one experiment has: {', '.join(sorted(stages))}",
+    )
+    try:
+        stage = resolve(stages, parser.parse_args().stage)
+    except LookupError as exc:
+        parser.error(str(exc))
     path, digest = stages[stage]
     commit = restore(root, path, digest)
     print(f"restored {path} from commit {commit[:10]} (SHA-256 {digest})")

@@ -1,54 +1,95 @@
 #!/usr/bin/env bash
-# One stage of the BabyAI experiment (README "Learning results"), run from the repository root:
+# One stage of a learning experiment (docs/results/<EXPERIMENT>.md), run from the repository root:
 #
-#   docs/results/babyai/run_stage.sh STAGE [RUNS_DIR]
-#   STAGE_SECONDS=5400 docs/results/babyai/run_stage.sh STAGE   # a part: stop training, checkpointed, within that long
+#   docs/results/run_stage.sh EXPERIMENT STAGE [RUNS_DIR]
+#   STAGE_SECONDS=5400 docs/results/run_stage.sh EXPERIMENT STAGE   # a part: stop training, checkpointed, within that long
 #
-# STAGE is `base` (the base model, evaluated only), `gateway` (the final adapter of docs/results/gateway/run.sh's
-# run in RUNS_DIR, evaluated only, written to docs/results/gateway/) or the name of a config in configs/babyai/ (`sft`,
-# `grpo_stepwise`, `grpo_fixed_short`, `grpo_fixed_long`, `gigpo_stepwise`). A training stage trains its
-# config into RUNS_DIR (default runs/babyai), resuming the run if RUNS_DIR already holds it, then writes
-# docs/results/babyai/STAGE/: adapter/ (the final adapter, its tensors stored in bfloat16 to keep the
+# EXPERIMENT names a folder of configs/ that holds experiment.yaml (how every row of the experiment is evaluated:
+# the env, split, turn limit, episodes, the config whose sampler settings every row plays with, the base model)
+# and one config per training stage. STAGE is `base` (the base model, evaluated only), `gateway` (the final
+# adapter of the run that experiment.yaml's `gateway.run` names in RUNS_DIR, evaluated only, written to its
+# `gateway.output`) or the name of a stage config (`sft`, `grpo_stepwise`, ...). A training stage trains its config
+# into RUNS_DIR (default runs/EXPERIMENT), resuming the run if RUNS_DIR already holds it, then writes
+# docs/results/EXPERIMENT/STAGE/: adapter/ (the final adapter, its tensors stored in bfloat16 to keep the
 # repository small), config.yaml (the run's resolved config), metrics.jsonl (its per-iteration metrics, for
 # `agentgym-rl plot`), eval.json and stage.json (commit, commands, wall times, machine), and records the adapter
-# weights' SHA-256 in docs/results/adapters.sha256. Only the SFT stage's adapter_model.safetensors stays in the tracked
-# tree; another stage's is ignored by git (docs/results/.gitignore): commit it once (`git add -f`), then remove it
-# (`git rm --cached`) in the next commit, and `python docs/results/restore_adapter.py STAGE` brings it back from
-# history. Every row is evaluated the same way: its committed adapter (or the base model) on the
-# 200 held-out tasks, one episode each at temperature 1, at most 10 turns, with the RL stages' sampler
-# settings (configs/babyai/grpo_stepwise.yaml), the same tasks and sampling seeds for every row.
+# weights' SHA-256 in docs/results/adapters.sha256. Adapter weights are ignored by git (docs/results/.gitignore)
+# except the BabyAI SFT stage's, which the quickstart loads: commit a stage's once (`git add -f`), then remove it
+# (`git rm --cached`) in a later commit, and `python docs/results/restore_adapter.py EXPERIMENT/STAGE` brings it back
+# from history; a stage config that starts from a committed adapter no longer in the tree gets it restored here.
+# Every row of an experiment is evaluated the same way: its adapter (or the base model) on the same held-out
+# tasks with the same sampling seeds, at temperature 1, as experiment.yaml says.
 #
 # A stage too long for one sitting runs in parts: with STAGE_SECONDS set, training stops by itself, checkpointed,
 # after the last iteration that ends within that many seconds (`train --time-limit`) if it has not finished,
 # and the run as the next part needs it (config.yaml, metrics.jsonl and that checkpoint: adapter, optimizer
-# state, trainer state) is copied to docs/results/babyai/STAGE/part/ to be committed; the next call restores
+# state, trainer state) is copied to docs/results/EXPERIMENT/STAGE/part/ to be committed; the next call restores
 # the run from there and resumes it.
 set -euo pipefail
-stage=${1:?usage: run_stage.sh STAGE [RUNS_DIR]}
-runs=${2:-runs/babyai}
+usage="usage: run_stage.sh EXPERIMENT STAGE [RUNS_DIR]"
+experiment=${1:?$usage}
+stage=${2:?$usage}
+runs=${3:-runs/$experiment}
 cli=.venv/bin/agentgym-rl
 python=.venv/bin/python
-out=docs/results/babyai/$stage
-[[ $stage == gateway ]] && out=docs/results/gateway
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
+settings=configs/$experiment/experiment.yaml
+if [[ ! -f $settings ]]; then
+  echo "run_stage.sh: no $settings; experiments: $(ls configs/*/experiment.yaml | cut -d/ -f2 | xargs)" >&2
+  exit 2
+fi
+# experiment.yaml -> the base model, the gateway run and its output folder, then the eval arguments every row shares
+mapfile -d '' -t fields < <("$python" - "$settings" <<'EOF'
+import sys
 
-eval_args=(--env babyai --split test --max-turns 10 --config configs/babyai/grpo_stepwise.yaml
-  --set sampler.envs_per_sampler=16 --set sampler.max_batch_size=16 --set sampler.start_timeout_s=900)
+import yaml
+
+settings = yaml.safe_load(open(sys.argv[1]))
+ev = settings["eval"]
+args = ["--env", ev["env"], "--split", ev.get("split", "test"), "--config", ev["config"]]
+for key, flag in (("max_turns", "--max-turns"), ("episodes", "--episodes"), ("samples", "--samples")):
+    if key in ev:
+        args += [flag, str(ev[key])]
+for override in ev.get("set", []):
+    args += ["--set", override]
+gateway = settings.get("gateway", {})
+fields = [settings["base_model"], gateway.get("run", ""), gateway.get("output", ""), *args]
+sys.stdout.write("".join(f + "\0" for f in fields))
+EOF
+)
+base_model=${fields[0]} gateway_run=${fields[1]} gateway_out=${fields[2]}
+eval_args=("${fields[@]:3}")
+out=docs/results/$experiment/$stage
+if [[ $stage == gateway ]]; then
+  [[ -n $gateway_run ]] || { echo "run_stage.sh: $settings names no gateway run" >&2; exit 2; }
+  out=$gateway_out
+fi
 commands=()
 mkdir -p "$out"
 started=$(date -u +%FT%TZ)
 train_s=0
 
 if [[ $stage == base ]]; then
-  eval_cmd=("$cli" eval --model smollm2-135m-instruct "${eval_args[@]}" --output "$out/eval.json")
-elif [[ $stage == gateway ]]; then  # trained by docs/results/gateway/run.sh; evaluated here like every row
-  run=$runs/babyai-gateway
+  eval_cmd=("$cli" eval --model "$base_model" "${eval_args[@]}" --output "$out/eval.json")
+elif [[ $stage == gateway ]]; then  # trained through the endpoint by the experiment's gateway script; evaluated like every row
+  run=$runs/$gateway_run
   latest=$(find "$run/checkpoints" -maxdepth 1 -name 'iter_*' | sort | tail -1)
-  [[ -n $latest ]] || { echo "run_stage.sh: no checkpoint in $run; run docs/results/gateway/run.sh first" >&2; exit 1; }
+  [[ -n $latest ]] || { echo "run_stage.sh: no checkpoint in $run; run the experiment's gateway run first" >&2; exit 1; }
 else
-  config=configs/babyai/$stage.yaml
-  [[ -f $config ]] || { echo "run_stage.sh: no $config; stages: base, $(ls configs/babyai | sed 's/.yaml//' | xargs)" >&2; exit 2; }
-  name=$("$python" -c "import sys; from agentgym_rl.configs import load_config; print(load_config(sys.argv[1]).run.name)" "$config")
+  config=configs/$experiment/$stage.yaml
+  if [[ $stage == experiment || ! -f $config ]]; then
+    stages=$(ls "configs/$experiment" | grep -v '^experiment.yaml$' | sed 's/.yaml$//' | xargs)
+    echo "run_stage.sh: no stage $stage in configs/$experiment; stages: base, $stages" >&2
+    exit 2
+  fi
+  # the run's name, and the committed adapter the stage starts from (model.adapter), if any
+  mapfile -t facts < <("$python" -c "import sys; from agentgym_rl.configs import load_config
+c = load_config(sys.argv[1]); print(c.run.name); print(c.model.adapter or '')" "$config")
+  name=${facts[0]} start_adapter=${facts[1]:-}
+  if [[ $start_adapter == docs/results/*/adapter && ! -f $start_adapter/adapter_model.safetensors ]]; then
+    start_stage=${start_adapter#docs/results/}
+    "$python" docs/results/restore_adapter.py "${start_stage%/adapter}"
+  fi
   run=$runs/$name
   part=$out/part
   if [[ ! -f $run/config.yaml && -d $part ]]; then  # a part committed by an earlier sitting

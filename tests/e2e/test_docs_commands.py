@@ -66,10 +66,10 @@ SKIP = {
         TRAINING
     ),
     "docs/results/gateway/run.sh": "the gateway results row: an env server, a training run and an agent, hours",
-    "docs/results/babyai/run_stage.sh gateway": EVALUATION,
-    "docs/results/babyai/run_stage.sh sft": "a results row: its training run and evaluation, hours",
-    "STAGE_SECONDS=6000 docs/results/babyai/run_stage.sh grpo_stepwise": "a results row's training, 100 minutes a part",
-    "python docs/results/restore_adapter.py grpo_fixed_long": (
+    "docs/results/run_stage.sh babyai gateway runs": EVALUATION,
+    "docs/results/run_stage.sh babyai sft": "a results row: its training run and evaluation, hours",
+    "STAGE_SECONDS=6000 docs/results/run_stage.sh babyai grpo_stepwise": "a results row's training, 100 minutes a part",
+    "python docs/results/restore_adapter.py babyai/grpo_fixed_long": (
         "tests/unit/docs/test_restore_adapter.py runs it on a clone that has the git history it reads"
     ),
     "agentgym-rl eval --checkpoint docs/results/babyai/sft/adapter --env babyai --split test --max-turns 10 --config "

@@ -15,7 +15,14 @@ SCRIPT = REPO / "docs" / "results" / "restore_adapter.py"
 MANIFEST = REPO / "docs" / "results" / "adapters.sha256"
 SFT = "docs/results/babyai/sft/adapter/adapter_model.safetensors"
 REMOVED = "docs/results/babyai/grpo_fixed_long/adapter/adapter_model.safetensors"
-STAGES = ["gateway", "gigpo_stepwise", "grpo_fixed_long", "grpo_fixed_short", "grpo_stepwise", "sft"]
+STAGES = [
+    "babyai/gigpo_stepwise",
+    "babyai/grpo_fixed_long",
+    "babyai/grpo_fixed_short",
+    "babyai/grpo_stepwise",
+    "babyai/sft",
+    "gateway",
+]
 
 
 def git(root: Path, *args: str) -> str:
@@ -49,7 +56,7 @@ def test_a_removed_stage_comes_back_as_its_committed_bytes(clone: Path):
     target = clone / REMOVED
     assert not target.exists(), "the stage's weights are out of the tracked tree"
 
-    done = restore(clone, "grpo_fixed_long")
+    done = restore(clone, "babyai/grpo_fixed_long")
 
     assert done.returncode == 0, done.stderr
     assert sha256(target) == recorded_sha256(REMOVED)
@@ -69,10 +76,17 @@ def test_an_unknown_stage_is_refused_with_the_stages():
     done = restore(REPO, "grpo")  # refused before it reads any history or writes anything
 
     assert done.returncode == 2
-    assert "invalid choice: 'grpo'" in done.stderr
-    assert all(f"'{stage}'" in done.stderr for stage in STAGES)
+    assert "no stage 'grpo'; the recorded stages: " + ", ".join(STAGES) in done.stderr
+
+
+def test_a_stage_name_only_one_experiment_has_is_enough(clone: Path):
+    done = restore(clone, "grpo_fixed_long")
+
+    assert done.returncode == 0, done.stderr
+    assert sha256(clone / REMOVED) == recorded_sha256(REMOVED)
 
 
 def test_the_manifest_records_the_tracked_sft_adapter():
     assert sha256(REPO / SFT) == recorded_sha256(SFT)
-    assert sorted(Path(line.split()[1]).parents[1].name for line in MANIFEST.read_text().splitlines()) == STAGES
+    paths = [Path(line.split()[1]).parents[1] for line in MANIFEST.read_text().splitlines()]
+    assert sorted(path.relative_to("docs/results").as_posix() for path in paths) == STAGES
