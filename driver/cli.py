@@ -332,7 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_view.add_argument("--port", type=port_argument, default=8265, help="port to listen on (default 8265)")
     p_view.set_defaults(func=cmd_view)
 
-    p_server = sub.add_parser("env-server", help="serve an env over AgentGym's HTTP protocol")
+    p_server = sub.add_parser(
+        "env-server", help="serve an env over AgentGym's HTTP protocol, or OpenEnv's (--protocol openenv)"
+    )
     add_server_arguments(p_server)
     p_server.set_defaults(func=cmd_env_server)
 

@@ -1,4 +1,5 @@
-"""Command-line flags and entry of the env server (``agentgym-rl env-server`` and ``python -m agentgym_rl.envs.http``)."""
+"""Command-line flags and entry of the env server (``agentgym-rl env-server`` and ``python -m agentgym_rl.envs.http``):
+AgentGym's protocol, or OpenEnv's with ``--protocol openenv`` (``envs.openenv.server``)."""
 
 from __future__ import annotations
 
@@ -23,10 +24,11 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--options", default="{}", help="env options as JSON, e.g. '{\"max_steps\": 64}'")
     parser.add_argument(
         "--protocol",
-        choices=PROTOCOLS,
+        choices=(*PROTOCOLS, "openenv"),
         default=None,
         help="response shapes of which AgentGym server (default: the one that mirrors ENV: textcraft, sciworld, "
-        "searchqa for search, webarena for web, agentgym (BabyAI's) otherwise)",
+        "searchqa for search, webarena for web, agentgym (BabyAI's) otherwise), or openenv: OpenEnv's protocol "
+        "(/reset, /step, /ws, /schema, the task API; needs the openenv extra)",
     )
     parser.add_argument("--token", default=None, help="require this bearer token (default: $AGENTGYM_ENV_TOKEN)")
 
@@ -56,6 +58,13 @@ def run_server(args: argparse.Namespace) -> int:
     token = args.token or os.environ.get("AGENTGYM_ENV_TOKEN") or None
     try:
         options = parse_options(args.options)
+        if args.protocol == "openenv":
+            from agentgym_rl.envs.openenv.server import serve_openenv  # the openenv extra, imported only here
+
+            serve_openenv(
+                args.env, host=args.host, port=args.port, max_envs=args.max_envs, options=options, token=token
+            )
+            return 0
         serve(
             args.env,
             host=args.host,

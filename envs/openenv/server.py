@@ -616,11 +616,13 @@ def build_openenv_app(
         max_action_chars: the longest action text (or tool call arguments as JSON) a step accepts.
 
     Raises:
-        EnvError: unknown env name. pydantic.ValidationError: bad options.
+        EnvError: unknown env name. pydantic.ValidationError: bad options. ValueError: ``max_envs`` below 1.
     """
     from fastapi import Request
     from fastapi.responses import JSONResponse
 
+    if max_envs < 1:
+        raise ValueError(f"--max-envs must be at least 1, got {max_envs}")
     options = options or {}
     options_model = getattr(env_class(env_name), "Options", None)
     if options_model is not None:
