@@ -3,16 +3,24 @@ and the endpoint keeps the token ids it sampled, never re-tokenized from text.
 
 A client opens an episode (``POST /v1/episodes``) and gets its id and a token (``<id>.<secret>``) that tags
 its chat calls (the ``X-Episode-Token`` header, or ``user: "episode:<token>"``) and closes it with a reward.
-The book below builds each call's prompt ids itself:
+The book below builds each call's prompt ids itself, with a :class:`~agentgym_rl.actors.tool_formats.ToolChat`
+(the served model's tokenizer and ``model.tool_format`` / ``model.tool_template``):
 
-- The first call's messages (no assistant message among them) are rendered with the chat template; they
-  are the episode's opening.
-- Every later call must repeat the conversation so far and add one user message: the opening, then per
-  turn the reply as the endpoint returned it and the user message that followed. The recorded ids stand
-  for that history, and only the new message is rendered, as the turn's continuation
-  (``ChatFormat.continuation_ids``), so the ids trained on are the ids sampled. A reply or message the
-  client changed is a mismatch: the call is still served (from the client's text) but the episode is
-  marked and never trains.
+- The first call's messages (no assistant or tool message among them) and its ``tools`` are rendered as the
+  episode's opening; those tools are the episode's functions.
+- Every later call must repeat the conversation so far and add either one user message or the ``tool``
+  messages answering the last reply's calls (one per call, each naming a call's id as the endpoint returned
+  it). The recorded ids stand for that history, and only the new turn is rendered, as the turn's
+  continuation (``ToolChat.continuation_ids``: a user message, or the format's turn of call results in the
+  calls' order), so the ids trained on are the ids sampled. The history is never rendered again.
+- The conversation so far is compared message by message with what the book recorded. A reply is recorded
+  as the client got it: its content and its parsed calls. A client's echo of it is the same reply when its
+  content is the same (none and empty alike) and each call is the same function with the same parsed
+  arguments (``ToolCall.same_call``: a client that re-serialized the arguments with other spacing or key
+  order echoes the same call) under the id the endpoint returned. Ids are compared too: a ``tool`` message
+  names the call it answers by id, so a client that renamed an id could not say which recorded call a
+  result answers. A reply, call, message or set of tools the client changed is a mismatch: the call is
+  still served (from the client's own rendering of its history) but the episode is marked and never trains.
 
 A call is admitted under an id its route chose (``prepare``), and only that id records its reply or gives it
 up (``record``, ``abandon``): a route releases the episode on every way out of the call, even one that left
@@ -22,9 +30,10 @@ Each client (``client_of`` in ``serve.routes``: its bearer key and address) hold
 ``serve.episodes.max_open_per_client`` open episodes, so one client's flood is refused to that client alone.
 
 Closing posts one outcome reward or one per turn. An episode idle for ``serve.episodes.ttl_s`` expires and
-is dropped. Closed episodes that did not mismatch become ``Trajectory`` records with the samplers' layout.
-The book lives in one Ray actor (``serve.deployment.episode_store``) that every replica of the endpoint
-asks, so the calls of one episode may reach any replica.
+is dropped. Closed episodes that did not mismatch become ``Trajectory`` records with the samplers' layout
+(their ``messages`` the plain rendering of what the model saw, ``ToolFormat.plain_messages``). The book
+lives in one Ray actor (``serve.deployment.episode_store``) that every replica of the endpoint asks, so the
+calls of one episode may reach any replica.
 """
 
 from __future__ import annotations
@@ -32,14 +41,18 @@ from __future__ import annotations
 import hmac
 import secrets
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from agentgym_rl.actors.adapters import policy_source
 from agentgym_rl.actors.chat import ChatFormat
 from agentgym_rl.actors.model_store import load_tokenizer
+from agentgym_rl.actors.tool_formats import Message, ToolChat, ToolFormatError, ToolTemplate
+from agentgym_rl.actors.tool_formats import tool_format as find_tool_format
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.configs.schema import EpisodesConfig
+from agentgym_rl.envs.tools import Function, ToolCall
 
 TOKEN_PREFIX = "episode:"  # what the `user` field carries before an episode token
 
@@ -72,8 +85,9 @@ class Episode:
     opened: float
     last_active: float
     client: str
-    opening: list[dict[str, str]] = field(default_factory=list)
-    messages: list[dict[str, str]] = field(default_factory=list)  # the conversation so far, as the client sees it
+    opening: list[Message] = field(default_factory=list)
+    functions: list[Function] = field(default_factory=list)  # the tools of the opening call
+    messages: list[Message] = field(default_factory=list)  # the conversation so far, as the client sees it
     token_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -86,6 +100,7 @@ class Episode:
     mismatch: str | None = None
     truncated: bool = False
     pending: list[int] | None = None  # the continuation ids of a call being generated
+    pending_messages: list[Message] = field(default_factory=list)  # the messages that call adds
     call: str | None = None  # the id of that call
     step_rewards: list[float] = field(default_factory=list)
 
@@ -130,10 +145,23 @@ class EpisodeBook:
         config: ``serve.episodes``.
         max_prompt_tokens: the longest prompt a call may have (``serve.max_prompt_tokens``).
         clock: seconds, for expiry (tests pass their own).
+        tool_format: how calls are written in text (``model.tool_format``).
+        tool_template: what renders an opening with tools (``model.tool_template``).
     """
 
-    def __init__(self, source: str, config: EpisodesConfig, max_prompt_tokens: int, clock=time.monotonic) -> None:
-        self.chat = ChatFormat(load_tokenizer(policy_source(source)[0]))
+    def __init__(
+        self,
+        source: str,
+        config: EpisodesConfig,
+        max_prompt_tokens: int,
+        clock=time.monotonic,
+        *,
+        tool_format: str = "hermes",
+        tool_template: ToolTemplate = "auto",
+    ) -> None:
+        self.chat = ToolChat(
+            ChatFormat(load_tokenizer(policy_source(source)[0])), find_tool_format(tool_format), tool_template
+        )
         self.config = config
         self.max_prompt_tokens = max_prompt_tokens
         self.clock = clock
@@ -196,11 +224,28 @@ class EpisodeBook:
     # ----------------------------------------------------------------------------- calls
 
     def prepare(
-        self, token: str, messages: list[dict[str, str]], max_new_tokens: int, *, call: str
+        self,
+        token: str,
+        messages: list[Message],
+        max_new_tokens: int,
+        *,
+        call: str,
+        functions: Sequence[Function] = (),
+        prefix_ids: Sequence[int] = (),
     ) -> Prepared | Refusal:
         """Admit one chat call of an episode, ``call`` naming it: the prompt ids to generate from (the recorded
-        ids and the new message's continuation), or the client's own rendering when the history no longer
-        matches (then nothing is held for the call)."""
+        ids and the new turn's continuation), or the client's own rendering when the history no longer matches
+        (then nothing is held for the call).
+
+        Args:
+            token: the episode's token.
+            messages: the call's messages in the shared form (see ``actors.tool_formats``).
+            max_new_tokens: the most the reply may sample (the prompt must leave room for it).
+            call: the call's id, chosen by the route.
+            functions: the call's ``tools``; the first call's are the episode's.
+            prefix_ids: ids the reply is made to start with (a forced ``tool_choice``): they follow the prompt,
+                are recorded before the sampled reply and are never trained on.
+        """
         found = self.find(token)
         if isinstance(found, Refusal):
             return found
@@ -213,49 +258,73 @@ class EpisodeBook:
             )
         episode.last_active = self.clock()
         if not episode.turn_spans:
-            if any(m["role"] == "assistant" for m in messages):
-                return self._refuse(
-                    409,
-                    "an episode's first call opens the conversation: it holds no assistant message",
-                    "invalid_episode_call",
-                    "messages",
-                )
-            ids = self.chat.prompt_ids(messages)
-            if refusal := self._over_budget(episode, len(ids), max_new_tokens):
-                return refusal
-            episode.opening = list(messages)
-            episode.messages = list(messages)
-            episode.token_ids, episode.loss_mask, episode.logprobs = list(ids), [0] * len(ids), [0.0] * len(ids)
-            episode.prompt_length = len(ids)
-            episode.pending, episode.call = [], call
-            return Prepared(prompt_ids=list(ids), recorded=True)
+            return self._prepare_opening(episode, messages, max_new_tokens, call, list(functions), list(prefix_ids))
         known = episode.messages
         new = messages[len(known) :]
-        if len(new) != 1 or new[0]["role"] != "user":
+        roles = [m["role"] for m in new]
+        if roles != ["user"] and not (roles and all(role == "tool" for role in roles)):
             return self._refuse(
                 409,
                 f"each call of an episode repeats the conversation so far ({len(known)} messages) and adds one user "
-                f"message; this one has {len(messages)} messages, ending with {[m['role'] for m in new]}",
+                f"message or the tool messages answering the last reply's calls; this one has {len(messages)} "
+                f"messages, ending with {roles}",
                 "invalid_episode_call",
                 "messages",
             )
-        changed = self._first_change(known, messages)
+        changed = self._first_change(known, messages) or self._tools_change(episode.functions, list(functions))
         if changed is not None or episode.mismatch is not None:
             if changed is not None and episode.mismatch is None:
                 episode.mismatch = changed
                 self.counters["mismatched"] += 1
             # Served from the client's own text; nothing of it is recorded.
-            ids = self.chat.prompt_ids(messages)
+            try:
+                ids = self.chat.prompt_ids(messages, functions) + list(prefix_ids)
+            except ToolFormatError as exc:
+                return self._refuse(400, str(exc), "invalid_episode_call", "messages")
             if len(ids) > self.max_prompt_tokens:
                 return self._refuse(400, self._budget_message(len(ids), 0), "context_length_exceeded", "messages")
             return Prepared(prompt_ids=ids, recorded=False)
+        if roles[0] == "tool":
+            answered = self._answered_calls(known[-1].get("tool_calls") or [], new)
+            if isinstance(answered, Refusal):
+                return answered
+            new = answered
         last_start, last_end = episode.turn_spans[-1]
-        continuation = self.chat.continuation_ids(episode.token_ids[last_start:last_end], new[0]["content"])
+        continuation = self.chat.continuation_ids(episode.token_ids[last_start:last_end], new) + list(prefix_ids)
         if refusal := self._over_budget(episode, len(episode.token_ids) + len(continuation), max_new_tokens):
             return refusal
         episode.pending, episode.call = continuation, call
-        episode.messages = [*known, new[0]]
+        episode.pending_messages = [self._kept(m) for m in messages[len(known) :]]
         return Prepared(prompt_ids=episode.token_ids + continuation, recorded=True)
+
+    def _prepare_opening(
+        self,
+        episode: Episode,
+        messages: list[Message],
+        max_new_tokens: int,
+        call: str,
+        functions: list[Function],
+        prefix_ids: list[int],
+    ) -> Prepared | Refusal:
+        """The first call: its messages and tools, rendered, are the episode's opening."""
+        if any(m["role"] in ("assistant", "tool") for m in messages):
+            return self._refuse(
+                409,
+                "an episode's first call opens the conversation: it holds no assistant or tool message",
+                "invalid_episode_call",
+                "messages",
+            )
+        opening = self.chat.prompt_ids(messages, functions)
+        ids = opening + prefix_ids
+        if refusal := self._over_budget(episode, len(ids), max_new_tokens):
+            return refusal
+        episode.opening = [self._kept(m) for m in messages]
+        episode.functions = functions
+        episode.token_ids, episode.loss_mask, episode.logprobs = list(opening), [0] * len(opening), [0.0] * len(opening)
+        episode.prompt_length = len(ids)
+        episode.pending, episode.call = list(prefix_ids), call
+        episode.pending_messages = list(episode.opening)
+        return Prepared(prompt_ids=ids, recorded=True)
 
     def record(
         self,
@@ -264,12 +333,14 @@ class EpisodeBook:
         logprobs: list[float],
         version: int,
         capped: bool,
-        text: str,
+        text: str | None,
         *,
         call: str,
+        tool_calls: Sequence[ToolCall] | None = None,
     ) -> dict | Refusal:
-        """Keep the reply sampled for ``call``, the call in progress: its ids exactly as sampled, and ``text``,
-        the reply as the client got it (what its next call must repeat)."""
+        """Keep the reply sampled for ``call``, the call in progress: its ids exactly as sampled, and the reply as
+        the client got it (what its next call must repeat): ``text``, its content (None beside calls and no
+        text), and ``tool_calls``, its parsed calls with the ids the endpoint returned."""
         found = self.find(token)
         if isinstance(found, Refusal):
             return found
@@ -285,8 +356,13 @@ class EpisodeBook:
         episode.loss_mask += [1] * len(token_ids)
         episode.logprobs += logprobs
         episode.turn_spans.append((start, len(episode.token_ids)))
-        episode.replies.append(text)
-        episode.messages.append({"role": "assistant", "content": text})
+        calls = list(tool_calls or [])
+        episode.replies.append(self.chat.format.call_text(text, calls) if calls else text or "")
+        reply: Message = {"role": "assistant", "content": text if calls else text or ""}
+        if calls:
+            reply["tool_calls"] = calls
+        episode.messages += [*episode.pending_messages, reply]
+        episode.pending_messages = []
         episode.turn_capped.append(capped)
         episode.versions.append(version)
         episode.last_active = self.clock()
@@ -298,11 +374,10 @@ class EpisodeBook:
         found = self._lookup(token)
         if isinstance(found, Episode) and found.pending is not None and found.call == call:
             if not found.turn_spans:  # the opening call: nothing was recorded before it
-                found.opening, found.messages, found.token_ids, found.loss_mask, found.logprobs = [], [], [], [], []
+                found.opening, found.functions = [], []
+                found.token_ids, found.loss_mask, found.logprobs = [], [], []
                 found.prompt_length = 0
-            elif found.messages and found.messages[-1]["role"] == "user":
-                found.messages.pop()
-            found.pending, found.call = None, None
+            found.pending, found.pending_messages, found.call = None, [], None
 
     # ----------------------------------------------------------------------------- closing
 
@@ -367,7 +442,7 @@ class EpisodeBook:
             logprobs=episode.logprobs,
             prompt_length=episode.prompt_length,
             turn_spans=episode.turn_spans,
-            messages=list(episode.messages),
+            messages=self.chat.format.plain_messages(episode.messages, episode.functions),
             actions=episode.replies,
             step_rewards=episode.step_rewards,
             turn_capped=episode.turn_capped,
@@ -426,13 +501,84 @@ class EpisodeBook:
         episode.truncated = True
         return self._refuse(400, self._budget_message(prompt, max_new_tokens), "context_length_exceeded", "messages")
 
+    def _answered_calls(self, calls: list[ToolCall], results: list[Message]) -> list[Message] | Refusal:
+        """``results`` (tool messages) in the order of ``calls``, the last reply's, when they answer each once."""
+        made = [c.id for c in calls]
+        if not made:
+            return self._refuse(
+                409,
+                "the episode's last reply made no tool calls; a call of the episode adds one user message after it",
+                "invalid_episode_call",
+                "messages",
+            )
+        named = [m.get("tool_call_id") for m in results]
+        unknown = [name for name in named if name not in made]
+        if unknown:
+            return self._refuse(
+                409,
+                f"a tool message answers call id {unknown[0]!r}, which the episode's last reply did not make; its "
+                f"calls are {made} (answer them by the ids the endpoint returned)",
+                "invalid_episode_call",
+                "messages",
+            )
+        if sorted(named) != sorted(made):
+            return self._refuse(
+                409,
+                f"the tool messages answer calls {named}; answer each call of the last reply once: {made}",
+                "invalid_episode_call",
+                "messages",
+            )
+        return sorted(results, key=lambda m: made.index(m["tool_call_id"]))
+
     @staticmethod
-    def _first_change(known: list[dict[str, str]], messages: list[dict[str, str]]) -> str | None:
+    def _kept(message: Message) -> Message:
+        """The parts of a message the book compares and renders."""
+        return {k: v for k, v in message.items() if k in ("role", "content", "tool_calls", "tool_call_id")}
+
+    @staticmethod
+    def _tools_change(opened: list[Function], given: list[Function]) -> str | None:
+        """How a later call's tools differ from the episode's (its first call's), in words; None if they do not."""
+        if given == opened:
+            return None
+        names, before = [f.name for f in given], [f.name for f in opened]
+        if names == before:
+            return f"the tools {names} differ in their descriptions or schemas from the episode's first call's"
+        return (
+            f"the tools {names} differ from the episode's first call's {before} (the tools an episode offers are fixed)"
+        )
+
+    @staticmethod
+    def _first_change(known: list[Message], messages: list[Message]) -> str | None:
         """Where ``messages`` stops repeating the recorded conversation ``known``, said in words; None if it does."""
         turn = 0
         for index, (want, got) in enumerate(zip(known, messages, strict=False)):
             turn += want["role"] == "assistant"
-            if (want["role"], want["content"]) != (got.get("role"), got.get("content")):
-                what = f"turn {turn}'s assistant reply" if want["role"] == "assistant" else f"message {index}"
-                return f"{what} differs from what this episode recorded (the client changed it)"
+            what = f"turn {turn}'s assistant reply" if want["role"] == "assistant" else f"message {index}"
+            difference = _difference(want, got)
+            if difference is not None:
+                return f"{what} differs from what this episode recorded (the client changed {difference})"
         return None
+
+
+def _difference(want: Message, got: Message) -> str | None:
+    """What a client changed in a recorded message ``want`` (its echo ``got``), in words; None for nothing."""
+    if want["role"] != got.get("role"):
+        return "its role"
+    if want["role"] == "assistant":
+        if (want.get("content") or "") != (got.get("content") or ""):
+            return "its text"
+        made: list[ToolCall] = want.get("tool_calls") or []
+        echoed: list[Any] = got.get("tool_calls") or []
+        if len(made) != len(echoed):
+            return f"its calls: {len(echoed)} where the reply made {len(made)}"
+        for number, (a, b) in enumerate(zip(made, echoed, strict=True), start=1):
+            if not a.same_call(b):
+                return f"call {number}'s function or arguments: {b.name} {b.arguments} for {a.name} {a.arguments}"
+            if a.id != b.id:
+                return f"call {number}'s id: {b.id!r} where the endpoint returned {a.id!r}"
+        return None
+    if want["role"] == "tool" and want.get("tool_call_id") != got.get("tool_call_id"):
+        return "the call id it answers"
+    if want.get("content") != got.get("content"):
+        return "its text"
+    return None

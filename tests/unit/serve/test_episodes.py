@@ -6,7 +6,9 @@ import pytest
 
 from agentgym_rl.actors.chat import ChatFormat
 from agentgym_rl.actors.model_store import TINY_RANDOM, load_tokenizer
+from agentgym_rl.actors.tool_formats import HermesFormat, ToolChat
 from agentgym_rl.configs.schema import EpisodesConfig
+from agentgym_rl.envs.tools import Function, ToolCall
 from agentgym_rl.serve.episodes import EpisodeBook, Prepared, Refusal, token_of
 
 OPENING = [{"role": "system", "content": "You play a grid game."}, {"role": "user", "content": "You see a red ball."}]
@@ -91,8 +93,8 @@ def test_a_changed_reply_is_served_but_marks_the_episode_which_never_trains(book
     assert isinstance(prepared, Prepared) and not prepared.recorded
     assert prepared.prompt_ids == chat.prompt_ids(history)  # served from the client's own text
     info = book.describe(token)
-    assert (
-        info["mismatch"] == "turn 1's assistant reply differs from what this episode recorded (the client changed it)"
+    assert info["mismatch"] == (
+        "turn 1's assistant reply differs from what this episode recorded (the client changed its text)"
     )
     assert book.close(token, reward=1.0, rewards=None)["trainable"] is False
     assert book.harvest() == [] and book.stats()["mismatched"] == 1
@@ -198,3 +200,178 @@ def test_one_client_at_its_bound_is_refused_while_another_still_opens(clock):
     assert "token" in book.open("babyai", 3, None, "other@10.0.0.2")
     book.close(first[0]["token"], reward=1.0, rewards=None)  # a closed episode no longer counts as open
     assert "token" in book.open("babyai", 4, None, "flood@10.0.0.1")
+
+
+# ----------------------------------------------------------------------------- tool calls
+
+FUNCTIONS = [
+    Function(name="move_forward", description="Move one step forward."),
+    Function(
+        name="pickup",
+        description="Pick up an object.",
+        parameters={
+            "type": "object",
+            "properties": {"object": {"type": "string"}, "color": {"type": "string"}},
+            "required": ["object"],
+        },
+    ),
+]
+BALL = {"object": "ball", "color": "red"}
+
+
+@pytest.fixture(scope="module")
+def tools(chat):
+    return ToolChat(chat, HermesFormat(), "builtin")
+
+
+@pytest.fixture
+def tool_book(clock):
+    """A book whose prompts have room for the functions' descriptions."""
+    return EpisodeBook(TINY_RANDOM, EpisodesConfig(ttl_s=60), max_prompt_tokens=1000, clock=clock)
+
+
+def reply_with(book: EpisodeBook, chat: ChatFormat, token: str, messages: list[dict], calls: list[ToolCall], turn: int):
+    """The model writes ``calls`` (as hermes text, its ids the tokens of that text, as sampled); the book records
+    the reply as the endpoint returns it; returns the assistant message a client echoes."""
+    prepared = book.prepare(token, messages, max_new_tokens=48, call=f"call-{turn}", functions=FUNCTIONS)
+    assert isinstance(prepared, Prepared) and prepared.recorded, prepared
+    ids = [*chat.encode(HermesFormat().call_text(None, calls)), chat.tokenizer.eos_token_id]
+    book.record(token, ids, [-0.25] * len(ids), 1, False, None, call=f"call-{turn}", tool_calls=calls)
+    return {"role": "assistant", "content": None, "tool_calls": calls}
+
+
+def results(calls: list[ToolCall], *texts: str) -> list[dict]:
+    return [{"role": "tool", "tool_call_id": c.id, "content": text} for c, text in zip(calls, texts, strict=True)]
+
+
+def tool_episode(book: EpisodeBook, chat: ChatFormat) -> tuple[str, list[dict], list[ToolCall]]:
+    """An episode of two turns: parallel calls answered by their results, then one call with arguments; returns
+    its token, the history a client sends next (ending with the last reply) and the last reply's calls."""
+    token = book.open("babyai", 3, "task-3", CLIENT)["token"]
+    first = [ToolCall(id="call_a1", name="move_forward"), ToolCall(id="call_a2", name="move_forward")]
+    history = [*OPENING, reply_with(book, chat, token, list(OPENING), first, 0)]
+    history += results(first, "You moved forward.", "You see a red ball.")
+    second = [ToolCall(id="call_b1", name="pickup", arguments=BALL)]
+    history.append(reply_with(book, chat, token, history, second, 1))
+    return token, history, second
+
+
+def test_tool_turns_append_ids_equal_to_the_rendering_of_the_whole_conversation(tool_book, chat, tools):
+    token, history, last = tool_episode(tool_book, chat)
+    history += results(last, "You picked up the ball.")
+    prepared = tool_book.prepare(token, history, max_new_tokens=16, call="third", functions=FUNCTIONS)
+    assert isinstance(prepared, Prepared) and prepared.recorded
+    # the recorded ids and the appended results are how the whole conversation renders: never re-rendered, and
+    # still equal to a rendering of it (the template is token-exact at these boundaries)
+    assert chat.token_exact and prepared.prompt_ids == tools.prompt_ids(history, FUNCTIONS)
+    assert chat.decode_reply(prepared.prompt_ids).count("<tool_response>") == 3
+    ids = [*chat.encode("Done."), chat.tokenizer.eos_token_id]
+    tool_book.record(token, ids, [-0.5] * len(ids), 2, False, "Done.", call="third")
+    assert tool_book.close(token, reward=1.0, rewards=None)["trainable"]
+    [(_, trajectory)] = tool_book.harvest()
+    assert trajectory.token_ids == prepared.prompt_ids + ids and len(trajectory.turn_spans) == 3
+    # the samplers' layout: messages as plain text of what the model saw, actions the replies as written
+    assert trajectory.messages == HermesFormat().plain_messages(
+        [*history, {"role": "assistant", "content": "Done."}], FUNCTIONS
+    )
+    assert (
+        trajectory.actions[1]
+        == '<tool_call>\n{"name": "pickup", "arguments": {"object": "ball", "color": "red"}}\n</tool_call>'
+    )
+    assert trajectory.actions[2] == "Done."
+
+
+def test_results_in_another_order_are_appended_in_the_calls_order(tool_book, chat, tools):
+    token = tool_book.open("babyai", 3, None, CLIENT)["token"]
+    calls = [ToolCall(id="call_1", name="move_forward"), ToolCall(id="call_2", name="pickup", arguments=BALL)]
+    history = [*OPENING, reply_with(tool_book, chat, token, list(OPENING), calls, 0)]
+    answers = results(calls, "moved", "picked")
+    prepared = tool_book.prepare(token, [*history, *answers[::-1]], 16, call="c", functions=FUNCTIONS)
+    assert isinstance(prepared, Prepared) and prepared.recorded
+    assert prepared.prompt_ids == tools.prompt_ids([*history, *answers], FUNCTIONS)
+
+
+def test_a_client_that_re_serialized_the_arguments_echoes_the_same_call(tool_book, chat):
+    token, history, last = tool_episode(tool_book, chat)
+    # what arrives after a client dumped the arguments with its own key order and spacing, and sent "" content
+    echoed = ToolCall.model_validate(
+        {"id": "call_b1", "name": "pickup", "arguments": {"color": "red", "object": "ball"}}
+    )
+    history[-1] = {"role": "assistant", "content": "", "tool_calls": [echoed]}
+    prepared = tool_book.prepare(token, [*history, *results(last, "ok")], 16, call="c", functions=FUNCTIONS)
+    assert isinstance(prepared, Prepared) and prepared.recorded
+    assert tool_book.describe(token)["mismatch"] is None
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"name": "drop"}, "call 1's function or arguments: drop"),
+        ({"arguments": {"object": "ball", "color": "blue"}}, "call 1's function or arguments: pickup"),
+        ({"id": "call_zz"}, "call 1's id: 'call_zz' where the endpoint returned 'call_b1'"),
+    ],
+)
+def test_a_client_that_changed_a_call_is_served_but_the_episode_never_trains(change, reason, tool_book, chat, tools):
+    token, history, last = tool_episode(tool_book, chat)
+    edited = last[0].model_copy(update=change)
+    history[-1] = {"role": "assistant", "content": None, "tool_calls": [edited]}
+    sent = [*history, *results([edited], "ok")]
+    prepared = tool_book.prepare(token, sent, 16, call="c", functions=FUNCTIONS)
+    assert isinstance(prepared, Prepared) and not prepared.recorded
+    assert prepared.prompt_ids == tools.prompt_ids(sent, FUNCTIONS)  # the client's own history, rendered
+    mismatch = tool_book.describe(token)["mismatch"]
+    assert mismatch.startswith("turn 2's assistant reply differs") and reason in mismatch, mismatch
+    assert tool_book.close(token, reward=1.0, rewards=None)["trainable"] is False
+    assert tool_book.harvest() == [] and tool_book.stats()["mismatched"] == 1
+
+
+def test_changed_tools_are_a_mismatch(tool_book, chat):
+    token, history, last = tool_episode(tool_book, chat)
+    fewer = tool_book.prepare(token, [*history, *results(last, "ok")], 16, call="c", functions=FUNCTIONS[:1])
+    assert isinstance(fewer, Prepared) and not fewer.recorded
+    assert tool_book.describe(token)["mismatch"] == (
+        "the tools ['move_forward'] differ from the episode's first call's ['move_forward', 'pickup'] (the tools an "
+        "episode offers are fixed)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("case", "answers", "said"),
+    [
+        ("unknown call id", [("call_b9", "ok")], "answers call id 'call_b9', which the episode's last reply did not"),
+        ("a call answered twice", [("call_b1", "ok"), ("call_b1", "again")], "answer each call of the last reply"),
+    ],
+)
+def test_tool_messages_that_answer_no_call_of_the_last_reply_are_refused(case, answers, said, tool_book, chat):
+    token, history, _ = tool_episode(tool_book, chat)
+    before = tool_book.describe(token)
+    sent = [*history, *({"role": "tool", "tool_call_id": i, "content": text} for i, text in answers)]
+    refusal = tool_book.prepare(token, sent, 16, call="c", functions=FUNCTIONS)
+    assert isinstance(refusal, Refusal) and (refusal.status, refusal.code) == (409, "invalid_episode_call")
+    assert said in refusal.message, refusal.message
+    assert tool_book.describe(token) == before
+
+
+def test_tool_results_after_a_reply_without_calls_are_refused_and_a_user_message_after_calls_is_kept(tool_book, chat):
+    token = tool_book.open("babyai", 2, None, CLIENT)["token"]
+    history = play(tool_book, chat, token, ["go forward"])[:-1]
+    refusal = tool_book.prepare(token, [*history, *results([ToolCall(id="call_0", name="x")], "r")], 16, call="c")
+    assert isinstance(refusal, Refusal) and "made no tool calls" in refusal.message
+    token, history, _ = tool_episode(tool_book, chat)
+    prepared = tool_book.prepare(
+        token, [*history, {"role": "user", "content": "Go on."}], 16, call="c", functions=FUNCTIONS
+    )
+    assert isinstance(prepared, Prepared) and prepared.recorded
+
+
+def test_a_forced_prefix_is_recorded_before_the_reply_and_never_trained_on(tool_book, chat):
+    token = tool_book.open("babyai", 3, None, CLIENT)["token"]
+    prefix = chat.encode("<tool_call>\n")
+    prepared = tool_book.prepare(token, list(OPENING), 16, call="c", functions=FUNCTIONS, prefix_ids=prefix)
+    assert isinstance(prepared, Prepared) and prepared.prompt_ids[-len(prefix) :] == prefix
+    ids = [5, 6, chat.tokenizer.eos_token_id]
+    tool_book.record(token, ids, [-1.0] * 3, 1, False, "x", call="c")
+    tool_book.close(token, reward=1.0, rewards=None)
+    [(_, trajectory)] = tool_book.harvest()
+    assert trajectory.token_ids == prepared.prompt_ids + ids and trajectory.prompt_length == len(prepared.prompt_ids)
+    assert trajectory.loss_mask == [0] * len(prepared.prompt_ids) + [1] * 3
