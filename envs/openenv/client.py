@@ -106,8 +106,8 @@ class OpenEnvClient(TextEnv):
         )
         observation_fields: list[str] | None = Field(
             default=None,
-            description="Observation fields shown to the model, in order: one field's value alone, several as "
-            "'field: value' lines (null values left out). None: every field but reward, done and metadata.",
+            description="Observation fields shown to the model, in order: null ones left out, the value alone when "
+            "one is left, else 'field: value' lines. None: every field but reward, done and metadata.",
         )
         instruction: str | None = Field(
             default=None,
@@ -529,11 +529,10 @@ class OpenEnvClient(TextEnv):
                 f"the observation of the OpenEnv server at {self.base_url} has no field {missing[0]!r} (its fields: "
                 f"{', '.join(observation)}); set env.options.observation_fields"
             )
-        if len(fields) == 1:
-            return _as_text(observation[fields[0]])
-        return "\n".join(
-            f"{field}: {_as_text(observation[field])}" for field in fields if observation[field] is not None
-        )
+        shown = [field for field in fields if observation[field] is not None] if len(fields) > 1 else fields
+        if len(shown) == 1:
+            return _as_text(observation[shown[0]])
+        return "\n".join(f"{field}: {_as_text(observation[field])}" for field in shown)
 
     @functools.cached_property
     def _tools(self) -> tuple[Function, ...]:
@@ -592,12 +591,18 @@ def _free_port() -> int:
 
 
 def _stop(process: subprocess.Popen) -> None:
-    """Stop ``process`` and its process group: SIGTERM, then SIGKILL after 5 s."""
-    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, sig)
+    """Stop ``process`` and every process of its group: SIGTERM, then SIGKILL to what is left after 5 s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        process.poll()  # reaps the shell: a zombie leader would count as alive
         try:
-            process.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
