@@ -28,6 +28,7 @@ from agentgym_rl.driver.errors import TrainError
 from agentgym_rl.driver.run import algorithm_keys, check_algorithm, prepare_run, train
 from agentgym_rl.envs import EnvError, env_class, make, names
 from agentgym_rl.envs.http.cli import add_server_arguments, parse_options, run_server
+from agentgym_rl.envs.http.models import PROTOCOLS
 
 log = structlog.get_logger()
 # `train --time-limit` stopped the run with iterations left: not an error (2), and not a signal (128 + N).
@@ -125,6 +126,11 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_env_server(args: argparse.Namespace) -> int:
+    if args.protocol == "openenv":
+        # Imported here: only this protocol needs the openenv extra (its absence is a one-line error).
+        from agentgym_rl.envs.openenv.server import serve_openenv
+
+        return run_server(args, serve_openenv)
     return run_server(args)
 
 
@@ -335,7 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_server = sub.add_parser(
         "env-server", help="serve an env over AgentGym's HTTP protocol, or OpenEnv's (--protocol openenv)"
     )
-    add_server_arguments(p_server)
+    add_server_arguments(p_server, (*PROTOCOLS, "openenv"))
     p_server.set_defaults(func=cmd_env_server)
 
     p_serve = sub.add_parser("serve", help="serve a policy over HTTP (OpenAI-compatible chat, /v1/act)")

@@ -1,11 +1,13 @@
 """Command-line flags and entry of the env server (``agentgym-rl env-server`` and ``python -m agentgym_rl.envs.http``):
-AgentGym's protocol, or OpenEnv's with ``--protocol openenv`` (``envs.openenv.server``)."""
+AgentGym's protocol here; ``agentgym-rl env-server --protocol openenv`` serves ``envs.openenv.server`` through
+``run_server`` too."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+from collections.abc import Callable
 
 import pydantic
 
@@ -15,8 +17,9 @@ from agentgym_rl.envs.http.models import PROTOCOLS
 from agentgym_rl.envs.http.server import serve
 
 
-def add_server_arguments(parser: argparse.ArgumentParser) -> None:
-    """The env server's command-line flags (shared with ``agentgym-rl env-server``)."""
+def add_server_arguments(parser: argparse.ArgumentParser, protocols: tuple[str, ...] = PROTOCOLS) -> None:
+    """The env server's command-line flags (shared with ``agentgym-rl env-server``, which adds ``openenv`` to
+    ``protocols``)."""
     parser.add_argument("env", metavar="ENV", help="registered env name (see `agentgym-rl envs`)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=port_argument, default=36001, help="port to listen on (default 36001)")
@@ -24,11 +27,15 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--options", default="{}", help="env options as JSON, e.g. '{\"max_steps\": 64}'")
     parser.add_argument(
         "--protocol",
-        choices=(*PROTOCOLS, "openenv"),
+        choices=protocols,
         default=None,
         help="response shapes of which AgentGym server (default: the one that mirrors ENV: textcraft, sciworld, "
-        "searchqa for search, webarena for web, agentgym (BabyAI's) otherwise), or openenv: OpenEnv's protocol "
-        "(/reset, /step, /ws, /schema, the task API; needs the openenv extra)",
+        "searchqa for search, webarena for web, agentgym (BabyAI's) otherwise)"
+        + (
+            ", or openenv: OpenEnv's protocol (/reset, /step, /ws, /schema, the task API; the openenv extra)"
+            if "openenv" in protocols
+            else ""
+        ),
     )
     parser.add_argument("--token", default=None, help="require this bearer token (default: $AGENTGYM_ENV_TOKEN)")
 
@@ -49,8 +56,9 @@ def parse_options(text: str) -> dict:
     return options
 
 
-def run_server(args: argparse.Namespace) -> int:
-    """Serve ``args.env`` until interrupted.
+def run_server(args: argparse.Namespace, serve_env: Callable[..., None] | None = None) -> int:
+    """Serve ``args.env`` until interrupted: over AgentGym's protocol, or with ``serve_env`` (called with the env
+    name and the keywords ``host``, ``port``, ``max_envs``, ``options`` and ``token``) over another.
 
     Raises:
         ConfigError: a bad env name or bad options (the message names them).
@@ -58,12 +66,8 @@ def run_server(args: argparse.Namespace) -> int:
     token = args.token or os.environ.get("AGENTGYM_ENV_TOKEN") or None
     try:
         options = parse_options(args.options)
-        if args.protocol == "openenv":
-            from agentgym_rl.envs.openenv.server import serve_openenv  # the openenv extra, imported only here
-
-            serve_openenv(
-                args.env, host=args.host, port=args.port, max_envs=args.max_envs, options=options, token=token
-            )
+        if serve_env is not None:
+            serve_env(args.env, host=args.host, port=args.port, max_envs=args.max_envs, options=options, token=token)
             return 0
         serve(
             args.env,

@@ -52,7 +52,7 @@ from typing import Any, TypeVar
 
 import pydantic
 import structlog
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from agentgym_rl.envs.base import EnvError, InvalidAction, TextEnv, reply_of_action
@@ -104,12 +104,22 @@ class TextAction(Action):
 
     text: str = Field(description="The action: the env's action text, or a reply that holds one (`Action: ...`).")
 
+    @field_validator("text")
+    @classmethod
+    def _utf8(cls, text: str) -> str:
+        return utf8(text)
+
 
 class TextOrToolAction(Action):
     """An action as the env's text or as a call of one of its functions: exactly one of the two."""
 
     text: str | None = Field(None, description="The action as the env's text (give this or `tool_call`).")
     tool_call: ToolCallBody | None = Field(None, description="The action as a function call (or `text`).")
+
+    @field_validator("text")
+    @classmethod
+    def _utf8(cls, text: str | None) -> str | None:
+        return None if text is None else utf8(text)
 
     @model_validator(mode="after")
     def _one_of_two(self) -> TextOrToolAction:
@@ -201,13 +211,19 @@ def _title(env_name: str) -> str:
     return "".join(part.capitalize() for part in env_name.replace("_", "-").split("-"))
 
 
+def utf8(text: str) -> str:
+    """``text`` with lone surrogates (JSON may carry ``"\\udcff"``; UTF-8 cannot) as U+FFFD, so envs and the
+    response encoder can take it."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
 def json_info(info: dict[str, Any]) -> dict[str, Any]:
-    """The entries of an env's ``info`` that are JSON (NaN and infinities are not)."""
+    """The entries of an env's ``info`` that are JSON as UTF-8 (NaN, infinities and lone surrogates are not)."""
     kept = {}
     for key, value in info.items():
         try:
-            json.dumps(value, allow_nan=False)
-        except (TypeError, ValueError):
+            json.dumps(value, allow_nan=False, ensure_ascii=False).encode("utf-8")
+        except (TypeError, ValueError):  # UnicodeEncodeError is a ValueError
             continue
         kept[str(key)] = value
     return kept
@@ -261,7 +277,7 @@ class Episode:
                 raise RequestError(409, f"the episode{self._named()} is over: reset to start another")
             text = action if isinstance(action, str) else self.env.action_of_call(action)
             if isinstance(text, InvalidAction):  # answered as the env answers text it cannot parse
-                return text.reason, 0.0, False, {"action_valid": False}
+                return utf8(text.reason), 0.0, False, {"action_valid": False}
             result = self.env.step(reply_of_action(self.env, text))
             self.steps += 1
             self.done = result.done
@@ -619,7 +635,12 @@ def build_openenv_app(
         EnvError: unknown env name. pydantic.ValidationError: bad options. ValueError: ``max_envs`` below 1.
     """
     from fastapi import Request
+    from fastapi.encoders import jsonable_encoder
+    from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    from agentgym_rl.envs.http.server import AsciiJSONResponse
 
     if max_envs < 1:
         raise ValueError(f"--max-envs must be at least 1, got {max_envs}")
@@ -640,9 +661,22 @@ def build_openenv_app(
     )
     app.title = f"agentgym-rl env server over OpenEnv: {env_name}"
 
+    # Every error leaves as {"detail": ...} (FastAPI's shape, which openenv's own errors have) in ASCII JSON: a
+    # request's text echoed back (lone surrogates included) stays encodable.
+
     @app.exception_handler(RequestError)
     async def _refused(request: Request, exc: RequestError) -> JSONResponse:
-        return JSONResponse({"detail": exc.message}, status_code=exc.status)
+        return AsciiJSONResponse({"detail": exc.message}, status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return AsciiJSONResponse({"detail": jsonable_encoder(exc.errors())}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return AsciiJSONResponse(
+            {"detail": jsonable_encoder(exc.detail)}, status_code=exc.status_code, headers=exc.headers
+        )
 
     def _close_named() -> None:
         served.named.close_all()
