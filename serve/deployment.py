@@ -54,16 +54,27 @@ def episodes_name(app_name: str) -> str:
     return f"episodes-{app_name}"
 
 
-def shared_actor(cls: type, name: str, *args: Any) -> ray.actor.ActorHandle:
+def shared_actor(cls: type, name: str, *args: Any, **kwargs: Any) -> ray.actor.ActorHandle:
     """The application's one ``cls`` actor called ``name``, started by the first replica that asks (every
     replica of the application shares it)."""
     options = {"name": name, "namespace": STORE_NAMESPACE, "get_if_exists": True, "lifetime": "detached"}
-    return ray.remote(cls).options(num_cpus=0, **options).remote(*args)
+    return ray.remote(cls).options(num_cpus=0, **options).remote(*args, **kwargs)
 
 
-def episode_store(app_name: str, source: str, limits: ServeConfig) -> ray.actor.ActorHandle:
-    """The application's ``EpisodeBook`` actor: an episode's calls may reach any replica."""
-    return shared_actor(EpisodeBook, episodes_name(app_name), source, limits.episodes, limits.max_prompt_tokens)
+def episode_store(
+    app_name: str, source: str, limits: ServeConfig, *, tool_format: str = "hermes", tool_template: str = "auto"
+) -> ray.actor.ActorHandle:
+    """The application's ``EpisodeBook`` actor: an episode's calls may reach any replica. It renders and reads tool
+    calls as the replicas do (``model.tool_format``, ``model.tool_template``)."""
+    return shared_actor(
+        EpisodeBook,
+        episodes_name(app_name),
+        source,
+        limits.episodes,
+        limits.max_prompt_tokens,
+        tool_format=tool_format,
+        tool_template=tool_template,
+    )
 
 
 class WeightsStore:
