@@ -6,8 +6,9 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from agentgym_rl.envs.base import EnvError, Observation, StepResult, state_digest
+from agentgym_rl.envs.base import EnvError, InvalidAction, Observation, StepResult, state_digest
 from agentgym_rl.envs.registry import make
+from agentgym_rl.envs.tools import Function, ToolCall
 
 if TYPE_CHECKING:
     import ray
@@ -61,6 +62,12 @@ class EnvHost:
     def instruction(self) -> str:
         return self.env.instruction
 
+    def tool_instruction(self) -> str:
+        return self.env.tool_instruction
+
+    def functions(self) -> list[Function]:
+        return self.env.functions()
+
     def tasks(self, split: str) -> Sequence[int]:
         return list(self.env.tasks(split))
 
@@ -78,15 +85,38 @@ class EnvHost:
             return result
         return result.model_copy(update={"state_key": state_digest(self.env.state_key())})
 
+    def step_call(self, call: ToolCall) -> tuple[str, StepResult] | InvalidAction:
+        """Step on the action ``call`` stands for (``env.action_of_call``): the action text sent and the step
+        result; or why the call stands for no action, the env not stepped."""
+        self._check_episode()
+        action = self.env.action_of_call(call)
+        if isinstance(action, InvalidAction):
+            return action
+        return action, self.step(action)
+
     def oracle_reply(self) -> str:
         """The oracle's next move as model text: ``Action: <action>`` when the env parses that back to
         the action, else the oracle's text as is (envs whose actions are tags, like ``<answer>``)."""
+        action = self._oracle_action()
+        reply = f"Action: {action}"
+        return reply if self.env.parse_action(reply) == action else action
+
+    def oracle_call(self) -> ToolCall:
+        """The oracle's next move as a function call (``env.call_of_action``), for tool-format demonstrations."""
+        action = self._oracle_action()
+        call = self.env.call_of_action(action)
+        if call is None:
+            raise EnvError(
+                f"env {self.env.name!r}: no function expresses the oracle's action {action!r} (call_of_action gives "
+                "None); play the oracle with env.action_format=text"
+            )
+        return call
+
+    def _oracle_action(self) -> str:
         self._check_episode()
         if not self.env.has_oracle():
             raise EnvError(f"env {self.env.name!r} has no oracle; sampler.policy=oracle needs one")
-        action = self.env.oracle_action()
-        reply = f"Action: {action}"
-        return reply if self.env.parse_action(reply) == action else action
+        return self.env.oracle_action()
 
     def health(self) -> bool:
         return True

@@ -67,6 +67,7 @@ from typing_extensions import override
 
 from agentgym_rl.envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv, action_after_marker
 from agentgym_rl.envs.output import without_lines
+from agentgym_rl.envs.tools import Function, ToolCall
 
 LEVELS: tuple[str, ...] = (
     "GoToRedBallGrey",
@@ -133,15 +134,102 @@ _DESCRIBED_TYPES = frozenset({"door", "key", "ball", "box", "goal", "lava"})
 _BARRIER_TYPES = frozenset({"wall", "box"})
 
 
-_INSTRUCTION = (
+_WORLD = (
     "You are an agent in a 2D grid world made of rooms, doors and objects. Each episode gives you "
     "a goal, such as going to, picking up, opening or placing an object; reach it in as few steps "
     "as possible. Every turn you receive an observation that describes what you can currently "
     "see (distances count grid steps relative to the direction you face), what you are carrying, "
-    "and the list of available actions. Answer in exactly this format:\n"
+    "and the list of available actions."
+)
+_INSTRUCTION = (
+    f"{_WORLD} Answer in exactly this format:\n"
     "Thought: <your reasoning about what to do next>\n"
     "Action: <one action copied exactly from the available actions>\n"
     f'Give one action per turn. Use "{CHECK_ACTIONS}" if you are unsure what you can do.'
+)
+_TOOL_INSTRUCTION = (
+    f"{_WORLD} Take each action by calling its function, one call per turn: 'turn left' is turn_left, "
+    "'go to red ball 1' is go_to with object 'red ball 1', 'toggle and go through blue locked door 1' is "
+    "toggle_and_go_through with door 'blue locked door 1'. Reason briefly before the call if it helps. Call "
+    "check_available_actions if you are unsure what you can do."
+)
+
+# The high-level actions as functions: one per action word, the object or door an argument written as the
+# observation names it. (Minigrid's seven primitives would be another action space than the text one, and
+# one `act(action)` with an enum cannot list actions that change every step.)
+_COLORS = "(?:red|green|blue|purple|yellow|grey)"
+_OBJECT = f"{_COLORS} (?:ball|box|key|lava|(?:open|closed|locked) door) [1-9][0-9]*"
+_PICKABLE = f"{_COLORS} (?:ball|box|key) [1-9][0-9]*"
+_DOOR = f"{_COLORS} (?:open|closed|locked) door [1-9][0-9]*"
+
+
+def _argument(name: str, pattern: str, description: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {name: {"type": "string", "pattern": f"^{pattern}$", "description": description}},
+        "required": [name],
+        "additionalProperties": False,
+    }
+
+
+_NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+# function name -> (the action's words, its argument's name or None)
+_ACTION_WORDS: dict[str, tuple[str, str | None]] = {
+    "turn_left": ("turn left", None),
+    "turn_right": ("turn right", None),
+    "move_forward": ("move forward", None),
+    "pickup": ("pickup", "object"),
+    "drop": ("drop", None),
+    "toggle": ("toggle", None),
+    "go_to": ("go to", "object"),
+    "go_through": ("go through", "door"),
+    "toggle_and_go_through": ("toggle and go through", "door"),
+    "check_available_actions": (CHECK_ACTIONS, None),
+}
+FUNCTIONS: tuple[Function, ...] = (
+    Function(name="turn_left", description="Turn left, staying in place.", parameters=_NO_ARGUMENTS),
+    Function(name="turn_right", description="Turn right, staying in place.", parameters=_NO_ARGUMENTS),
+    Function(name="move_forward", description="Move one step forward.", parameters=_NO_ARGUMENTS),
+    Function(
+        name="pickup",
+        description="Walk to a visible ball, box or key and pick it up (carry one object at a time).",
+        parameters=_argument("object", _PICKABLE, "The object as the observation names it, e.g. 'red ball 1'."),
+    ),
+    Function(name="drop", description="Drop the carried object on the empty cell ahead.", parameters=_NO_ARGUMENTS),
+    Function(name="toggle", description="Open or close the door directly ahead.", parameters=_NO_ARGUMENTS),
+    Function(
+        name="go_to",
+        description="Walk up to a visible object or door (face it), or onto the goal.",
+        parameters={
+            "type": "object",
+            "properties": {
+                "object": {
+                    "type": "string",
+                    "pattern": f"^(?:goal|{_OBJECT})$",
+                    "description": "The object as the observation names it, e.g. 'red ball 1', "
+                    "'grey open door 2', or 'goal'.",
+                }
+            },
+            "required": ["object"],
+            "additionalProperties": False,
+        },
+    ),
+    Function(
+        name="go_through",
+        description="Walk through a visible open door.",
+        parameters=_argument("door", _DOOR, "The door as the observation names it, e.g. 'blue open door 1'."),
+    ),
+    Function(
+        name="toggle_and_go_through",
+        description="Walk to a visible closed or locked door, open it (a locked one needs the key of its color) "
+        "and walk through.",
+        parameters=_argument("door", _DOOR, "The door as the observation names it, e.g. 'yellow locked door 1'."),
+    ),
+    Function(
+        name="check_available_actions",
+        description="List the actions available now.",
+        parameters=_NO_ARGUMENTS,
+    ),
 )
 
 
@@ -338,6 +426,37 @@ class BabyAIEnv(TextEnv):
             raise EnvError(f"unknown split {split!r}; valid splits: train, test")
         n = len(LEVELS)
         return [task_id for task_id in range(seeds.start * n, seeds.stop * n) if LEVELS[task_id % n] in self._levels]
+
+    @property
+    @override
+    def tool_instruction(self) -> str:
+        """System prompt in ``env.action_format: tools``: the grid-world task, one function call per turn."""
+        return _TOOL_INSTRUCTION
+
+    @override
+    def functions(self) -> list[Function]:
+        """The high-level actions, one function per action word; objects and doors are arguments."""
+        return list(FUNCTIONS)
+
+    @override
+    def action_text(self, call: ToolCall) -> str:
+        """``Action: <words> <argument>``, e.g. ``go_to(object="red ball 1")`` -> ``Action: go to red ball 1``."""
+        words, argument = _ACTION_WORDS[call.name]
+        return f"Action: {words}" if argument is None else f"Action: {words} {call.arguments[argument]}"
+
+    @override
+    def call_of_action(self, action: str) -> ToolCall | None:
+        """The call of a high-level action (``go to red ball 1``, or a reply ``...Action: go to red ball 1``);
+        None for text that is no action of this env."""
+        action = action_after_marker(action) or " ".join(action.split()).lower()
+        # Longest words first: "toggle and go through ..." is not a toggle.
+        for name, (words, argument) in sorted(_ACTION_WORDS.items(), key=lambda item: -len(item[1][0])):
+            if argument is None and action == words:
+                return ToolCall(id="call_0", name=name)
+            if argument is not None and action.startswith(f"{words} "):
+                call = ToolCall(id="call_0", name=name, arguments={argument: action.removeprefix(f"{words} ")})
+                return call if self.action_of_call(call) == self.action_text(call) else None
+        return None
 
     @override
     def task_category(self, task_id: int) -> str:

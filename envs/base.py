@@ -153,6 +153,12 @@ class TextEnv(abc.ABC):
         rewards back to its benchmark's scale). Default: the reward."""
         return reward
 
+    @property
+    def tool_instruction(self) -> str:
+        """System prompt in ``env.action_format: tools``, which the tool format follows with the functions: the
+        task, and that each turn acts by calling one function. Default: :attr:`instruction`."""
+        return self.instruction
+
     def functions(self) -> list[Function]:
         """The env's actions as functions, for ``env.action_format: tools`` (see :mod:`agentgym_rl.envs.tools`).
         Default: none, the env is played in text only."""

@@ -58,6 +58,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import override
 
 from agentgym_rl.envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv, action_after_marker
+from agentgym_rl.envs.tools import Function, ToolCall
 
 _PREFIX = "minecraft:"
 _MAX_ACTION_CHARS = 1000
@@ -68,13 +69,72 @@ _COUNTED = re.compile(r"(\d+) (.+)")
 NO_ACTION_FOUND = "No action found. End your reply with a line 'Action: <your action>'."
 ACTION_FORMS = "Valid actions: 'get N item', 'craft N item using N item, N item', 'inventory'."
 
-_INSTRUCTION = (
+_TASK = (
     "You are in a Minecraft-like world and must craft a goal item. Each task lists crafting commands "
-    "(recipes) and the goal. Fetch base items with 'get N item', craft with 'craft N item using "
+    "(recipes) and the goal."
+)
+_INSTRUCTION = (
+    f"{_TASK} Fetch base items with 'get N item', craft with 'craft N item using "
     "N item, N item' (copy the recipe, naming a specific item where the recipe names a kind such as "
     "'planks'), and check what you hold with 'inventory'. Answer in exactly this format:\n"
     "Thought: <your reasoning about what to do next>\n"
     "Action: <one action>"
+)
+_TOOL_INSTRUCTION = (
+    f"{_TASK} Act by calling one function per turn: get fetches base items, craft follows a recipe (name a "
+    "specific item where the recipe names a kind such as 'planks'), inventory shows what you hold. Reason briefly "
+    "before the call if it helps."
+)
+
+# An item name as the listing writes it: no commas (they separate a recipe's inputs), not blank.
+_ITEM = {"type": "string", "pattern": "^[^,]*[^,\\s][^,]*$"}
+_COUNT = {"type": "integer", "minimum": 1}
+FUNCTIONS: tuple[Function, ...] = (
+    Function(
+        name="get",
+        description="Fetch a base item (one that no recipe makes).",
+        parameters={
+            "type": "object",
+            "properties": {
+                "item": {**_ITEM, "description": "The item, e.g. 'oak logs'."},
+                "count": {**_COUNT, "description": "How many."},
+            },
+            "required": ["item", "count"],
+            "additionalProperties": False,
+        },
+    ),
+    Function(
+        name="craft",
+        description="Craft an item by a listed recipe, or a whole multiple of it, from items you hold.",
+        parameters={
+            "type": "object",
+            "properties": {
+                "target": {**_ITEM, "description": "The item crafted, e.g. 'oak planks'."},
+                "count": {**_COUNT, "description": "How many the inputs make (may be left out)."},
+                "ingredients": {
+                    "type": "array",
+                    "minItems": 1,
+                    "description": "The recipe's inputs, each a specific item and its count.",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "item": {**_ITEM, "description": "A specific item, e.g. 'oak logs'."},
+                            "count": {**_COUNT, "description": "How many of it."},
+                        },
+                        "required": ["item", "count"],
+                        "additionalProperties": False,
+                    },
+                },
+            },
+            "required": ["target", "ingredients"],
+            "additionalProperties": False,
+        },
+    ),
+    Function(
+        name="inventory",
+        description="List the items you hold.",
+        parameters={"type": "object", "properties": {}, "additionalProperties": False},
+    ),
 )
 
 
@@ -259,6 +319,51 @@ class TextCraftEnv(TextEnv):
             held_out = set(test)
             return [task_id for task_id in range(len(self._goals)) if task_id not in held_out]
         raise EnvError(f"unknown split {split!r}; valid splits: train, test")
+
+    @property
+    @override
+    def tool_instruction(self) -> str:
+        """System prompt in ``env.action_format: tools``: the crafting task, one function call per turn."""
+        return _TOOL_INSTRUCTION
+
+    @override
+    def functions(self) -> list[Function]:
+        """``get(item, count)``, ``craft(target, count, ingredients)`` and ``inventory()``."""
+        return list(FUNCTIONS)
+
+    @override
+    def action_text(self, call: ToolCall) -> str:
+        """``Action: get N item``, ``Action: craft N item using N a, N b`` or ``Action: inventory``."""
+        arguments = call.arguments
+        if call.name == "get":
+            return f"Action: get {arguments['count']} {arguments['item']}"
+        if call.name == "craft":
+            made = f"{arguments['count']} " if "count" in arguments else ""
+            used = ", ".join(f"{part['count']} {part['item']}" for part in arguments["ingredients"])
+            return f"Action: craft {made}{arguments['target']} using {used}"
+        return "Action: inventory"
+
+    @override
+    def call_of_action(self, action: str) -> ToolCall | None:
+        """The call of an action (``get 1 oak logs``, or a reply ``...Action: get 1 oak logs``); None for text
+        that is no action of this env."""
+        action = action_after_marker(action) or " ".join(action.split()).lower()
+        if action == "inventory":
+            return ToolCall(id="call_0", name="inventory")
+        if match := _GET.fullmatch(action):
+            arguments: dict[str, Any] = {"item": match.group(2), "count": int(match.group(1))}
+            call = ToolCall(id="call_0", name="get", arguments=arguments)
+        elif match := _CRAFT.fullmatch(action):
+            parts = [_COUNTED.fullmatch(part.strip()) for part in match.group(3).split(",")]
+            if not all(parts):
+                return None
+            ingredients = [{"item": part.group(2), "count": int(part.group(1))} for part in parts]
+            made = {} if match.group(1) is None else {"count": int(match.group(1))}
+            arguments = {"target": match.group(2), **made, "ingredients": ingredients}
+            call = ToolCall(id="call_0", name="craft", arguments=arguments)
+        else:
+            return None
+        return call if self.action_of_call(call) == self.action_text(call) else None
 
     @override
     def task_category(self, task_id: int) -> str:

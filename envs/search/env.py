@@ -46,6 +46,7 @@ from typing_extensions import override
 from agentgym_rl.envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv
 from agentgym_rl.envs.search.corpus import BM25Retriever, Question, load_corpus, load_questions
 from agentgym_rl.envs.search.generate import GENERATOR_VERSION, ensure_generated
+from agentgym_rl.envs.tools import Function, ToolCall
 
 _TAG = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL | re.IGNORECASE)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -59,6 +60,32 @@ _INSTRUCTION = (
     "<answer>the answer</answer> with just the answer, no explanation. Each reply must contain "
     "exactly one <search> or one <answer>."
 )
+
+_TOOL_INSTRUCTION = (
+    "Answer the question. You can search a document collection as often as you need: call search with a query "
+    "and the top results come back. Reason about what you read before each step. When you know the answer, call "
+    "answer with just the answer, no explanation. Make exactly one call per turn."
+)
+
+
+def _text_argument(name: str, description: str) -> dict[str, Any]:
+    properties = {name: {"type": "string", "pattern": "\\S", "maxLength": _MAX_QUERY_CHARS, "description": description}}
+    return {"type": "object", "properties": properties, "required": [name], "additionalProperties": False}
+
+
+FUNCTIONS: tuple[Function, ...] = (
+    Function(
+        name="search",
+        description="Search the document collection; returns the top passages.",
+        parameters=_text_argument("query", "What to search for."),
+    ),
+    Function(
+        name="answer",
+        description="Give the final answer; ends the episode.",
+        parameters=_text_argument("text", "Just the answer, no explanation."),
+    ),
+)
+_ARGUMENT = {"search": "query", "answer": "text"}
 
 
 def normalize_answer(text: str) -> str:
@@ -145,6 +172,31 @@ class SearchEnv(TextEnv):
             held_out = set(test)
             return [task_id for task_id in range(total) if task_id not in held_out]
         raise EnvError(f"unknown split {split!r}; valid splits: train, test")
+
+    @property
+    @override
+    def tool_instruction(self) -> str:
+        """System prompt in ``env.action_format: tools``: the question-answering task with search and answer calls."""
+        return _TOOL_INSTRUCTION
+
+    @override
+    def functions(self) -> list[Function]:
+        """``search(query)`` and ``answer(text)``."""
+        return list(FUNCTIONS)
+
+    @override
+    def action_text(self, call: ToolCall) -> str:
+        """``<search>query</search>`` or ``<answer>text</answer>``."""
+        return f"<{call.name}>{call.arguments[_ARGUMENT[call.name]]}</{call.name}>"
+
+    @override
+    def call_of_action(self, action: str) -> ToolCall | None:
+        """The call of a reply's first complete tag (``<search>query</search>``); None when it has none."""
+        parsed = self.parse_action(action)
+        if isinstance(parsed, InvalidAction):
+            return None
+        name, _, content = parsed.partition(": ")
+        return ToolCall(id="call_0", name=name, arguments={_ARGUMENT[name]: content})
 
     @override
     def task_category(self, task_id: int) -> str:
