@@ -502,8 +502,8 @@ class TextEnvironment(Environment):
         else:
             raise RequestError(
                 409,
-                'no episode to step: over HTTP, start one with POST /reset {..., "episode_id": NAME} and send '
-                "that episode_id with every POST /step (a WebSocket session at /ws keeps its episode itself)",
+                'no episode to step: reset first (over HTTP, name the episode: POST /reset {..., "episode_id": NAME}, '
+                "then send that episode_id with every POST /step; a WebSocket session keeps its episode)",
             )
         move = self._move(action)
         text, reward, done, info = episode.step(move)
