@@ -117,6 +117,14 @@ class ToolFormat(abc.ABC):
             plain.append({"role": "user", "content": self.results_text(pending)})
         return plain
 
+    def call_prefix(self, name: str | None = None) -> str:
+        """The start of a reply that must make a call (``tool_choice: required``): the call opening; or that must
+        call ``name``: that call as :meth:`call_text` writes it, up to its arguments. The model writes the rest."""
+        if name is None:
+            return self.call_opening
+        written = self.call_text(None, [ToolCall(id=default_call_id(0), name=name, arguments={})])
+        return written[: written.rindex("{}")]
+
     def content_end(self, text: str) -> int:
         """How much of a reply streamed so far is surely content: up to a call's opening, or up to a tail that
         could still grow into one."""

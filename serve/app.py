@@ -18,6 +18,7 @@ from agentgym_rl.actors.cluster import actor_gpus
 from agentgym_rl.actors.engines import Engine, EngineUnavailableError, UnknownEngineError, engine_class
 from agentgym_rl.actors.model_store import model_dir
 from agentgym_rl.actors.rundir import POLICY_DIR, latest_if_run
+from agentgym_rl.actors.tool_formats import ToolFormatError, ToolTemplate, tool_format
 from agentgym_rl.configs import Config
 from agentgym_rl.configs.errors import AgentGymError
 from agentgym_rl.configs.schema import ServeConfig
@@ -67,6 +68,12 @@ class ServeArgs(BaseModel):
         "transformers", description="The training sampler's engine: what `serve.engine: null` serves with."
     )
     app_name: str = Field(APP_NAME, description="Serve application name.")
+    tool_format: str = Field(
+        "hermes", description="How tool calls are written in text (`model.tool_format`: a registered format or a path)."
+    )
+    tool_template: ToolTemplate = Field(
+        "auto", description="What renders a prompt with functions (`model.tool_template`: auto, builtin or model)."
+    )
     serve: ServeConfig = Field(default_factory=ServeConfig, description="Engine, limits, auth and scaling.")
 
     @model_validator(mode="after")
@@ -109,6 +116,8 @@ class ServeArgs(BaseModel):
             dtype=config.sampler.dtype,
             seed=config.run.seed,
             sampler_engine=config.sampler.engine,
+            tool_format=config.model.tool_format,
+            tool_template=config.model.tool_template,
             serve=config.serve,
         )
 
@@ -133,7 +142,9 @@ class PolicyServer(PolicyModel):
     """A model replica that also answers HTTP: Serve's proxy hands each request straight to it, where the
     prompt is rendered and the reply decoded beside the running batch (no second deployment to cross)."""
 
-    def __init__(self, *, model_id: str, limits: ServeConfig, **model: Any) -> None:
+    def __init__(
+        self, *, model_id: str, limits: ServeConfig, tool_format: str, tool_template: ToolTemplate, **model: Any
+    ) -> None:
         super().__init__(**model)
         self.api = PolicyAPI(
             self,
@@ -141,7 +152,11 @@ class PolicyServer(PolicyModel):
             source=self.source,
             limits=limits,
             model_ready=self.model_loaded,
-            episodes=episode_store(model["app_name"], self.source, limits),
+            episodes=episode_store(
+                model["app_name"], self.source, limits, tool_format=tool_format, tool_template=tool_template
+            ),
+            tool_format=tool_format,
+            tool_template=tool_template,
         )
 
     async def ready(self) -> int:
@@ -160,11 +175,15 @@ def build_app(args: ServeArgs) -> serve.Application:
     """The Serve application for ``args`` (run it with ``serve.run`` or :func:`start_server`).
 
     Raises:
-        ServeError: the engine cannot run here (``serve.engine: vllm`` without vllm).
+        ServeError: the engine cannot run here (``serve.engine: vllm`` without vllm), or the tool format is unknown.
         ValueError: the checkpoint or model cannot be found, or ``serve.act_envs`` names an env that is not
             registered (checked here, before any replica starts).
     """
     check_engine(args.engine)
+    try:
+        tool_format(args.tool_format)
+    except ToolFormatError as exc:
+        raise ServeError(f"model.tool_format: {exc}") from None
     source = args.source
     name, adapter = policy_source(source)
     model_dir(name)  # fail here, not in a replica, on an unknown model; builds a built-in once
@@ -186,6 +205,8 @@ def build_app(args: ServeArgs) -> serve.Application:
     return model.bind(
         model_id=args.served_id,
         limits=limits,
+        tool_format=args.tool_format,
+        tool_template=args.tool_template,
         source=source,
         engine=args.engine,
         dtype=args.dtype,

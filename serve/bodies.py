@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -9,12 +10,14 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    ValidationError,
     WithJsonSchema,
     field_validator,
     model_validator,
 )
 
 from agentgym_rl.actors.engines.sampling import MAX_TOP_LOGPROBS
+from agentgym_rl.envs.tools import NAME_PATTERN, Function, ToolCall
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit on `stop`
 
@@ -49,6 +52,148 @@ class HistoryMessage(ChatMessage):
     role: Literal["user", "assistant"] = Field(description="Who wrote the message (the system prompt is the env's).")
 
 
+class TextPart(Body):
+    type: Literal["text"] = Field(description="Only text parts are served.")
+    text: str = Field(description="The part's text.")
+
+
+def _text_parts_only(content: Any) -> Any:
+    # Before the union is tried, so that an image or audio part gets one clear message, not a union's errors.
+    for index, part in enumerate(content if isinstance(content, list) else ()):
+        if isinstance(part, dict) and part.get("type") != "text":
+            raise ValueError(
+                f'only text content parts are served (`{{"type": "text", "text": ...}}`); part {index} has '
+                f"type {part.get('type')!r}"
+            )
+    return content
+
+
+# A message's content: a string, or a list of text parts (joined with newlines), as OpenAI's clients send it.
+Content = Annotated[str | list[TextPart], BeforeValidator(_text_parts_only)]
+CONTENT = 'Message text, or a list of text parts (`[{"type": "text", "text": ...}]`, joined with newlines).'
+
+
+def content_text(content: str | list[TextPart] | None) -> str | None:
+    """A message's content as one text (parts joined with newlines)."""
+    if content is None or isinstance(content, str):
+        return content
+    return "\n".join(part.text for part in content)
+
+
+class SystemMessage(Body):
+    role: Literal["system"] = Field(description="The system prompt (the functions offered are shown after it).")
+    content: Content = Field(description=CONTENT)
+    name: str | None = Field(None, description="Accepted for OpenAI compatibility; not shown to the model.")
+
+
+class UserMessage(Body):
+    role: Literal["user"] = Field(description="A user turn.")
+    content: Content = Field(description=CONTENT)
+    name: str | None = Field(None, description="Accepted for OpenAI compatibility; not shown to the model.")
+
+
+class FunctionCallBody(Body):
+    name: str = Field(description="The function called.")
+    arguments: str = Field(description="The arguments: a JSON object, encoded as a string (as the endpoint sent it).")
+
+    @field_validator("arguments")
+    @classmethod
+    def _json_object(cls, arguments: str) -> str:
+        try:
+            parsed = json.loads(arguments)
+        except ValueError as exc:
+            raise ValueError(
+                f"a call's arguments must be a JSON object encoded as a string; not JSON ({exc})"
+            ) from None
+        if isinstance(parsed, dict):
+            return arguments
+        raise ValueError(f"a call's arguments must be a JSON object encoded as a string, got {arguments!r:.100}")
+
+
+class ToolCallBody(Body):
+    id: str = Field(description="The call's id, which the `tool` message answering it names in `tool_call_id`.")
+    type: Literal["function"] = Field("function", description="Only function calls exist.")
+    function: FunctionCallBody = Field(description="Which function, with which arguments.")
+
+    def call(self) -> ToolCall:
+        return ToolCall(id=self.id, name=self.function.name, arguments=json.loads(self.function.arguments))
+
+
+class AssistantTurn(Body):
+    """An earlier reply: text, calls, or both (``content`` may be null when it made calls)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"properties": {"content": {"not": {"type": "null"}}}, "required": ["content"]},
+                {"properties": {"tool_calls": {"type": "array", "minItems": 1}}, "required": ["tool_calls"]},
+            ]
+        }
+    )
+
+    role: Literal["assistant"] = Field(description="An earlier reply of the model.")
+    content: Content | None = Field(None, description=f"{CONTENT} Null (or absent) when the reply made calls.")
+    tool_calls: list[ToolCallBody] | None = Field(None, description="The calls the reply made, as it returned them.")
+    name: str | None = Field(None, description="Accepted for OpenAI compatibility; not shown to the model.")
+
+    @model_validator(mode="after")
+    def _says_something(self) -> AssistantTurn:
+        if self.content is None and not self.tool_calls:
+            raise ValueError("an assistant message needs `content` or `tool_calls`")
+        return self
+
+
+class ToolMessage(Body):
+    role: Literal["tool"] = Field(description="The result of one call of the assistant message before it.")
+    content: Content = Field(description=f"The call's result. {CONTENT}")
+    tool_call_id: str = Field(description="The id of the call this answers (one of the previous reply's calls).")
+
+
+RequestMessage = Annotated[SystemMessage | UserMessage | AssistantTurn | ToolMessage, Field(discriminator="role")]
+
+
+class FunctionSpec(Body):
+    name: str = Field(pattern=NAME_PATTERN, description="Function name (letters, digits, `_`, `-`; at most 64).")
+    description: str | None = Field(None, description="What the function does, for the model to read.")
+    parameters: dict[str, Any] | None = Field(
+        None,
+        json_schema_extra={"required": ["type"], "properties": {"type": {"const": "object"}}},
+        description="JSON Schema of the arguments: a valid schema of `type: object` (default: no arguments).",
+    )
+    strict: bool | None = Field(None, description="Accepted for OpenAI compatibility; arguments are not constrained.")
+
+    @model_validator(mode="after")
+    def _function(self) -> FunctionSpec:
+        self.function()
+        return self
+
+    def function(self) -> Function:
+        """The function this declares (``ValueError`` when its parameters are no object schema)."""
+        declared = {"name": self.name, "description": self.description or ""}
+        if self.parameters is not None:
+            declared["parameters"] = self.parameters
+        try:
+            return Function(**declared)
+        except ValidationError as exc:
+            raise ValueError(
+                f"function {self.name!r}: {exc.errors()[0]['msg'].removeprefix('Value error, ')}"
+            ) from None
+
+
+class ToolSpec(Body):
+    type: Literal["function"] = Field(description="Only function tools are served.")
+    function: FunctionSpec = Field(description="The function offered.")
+
+
+class FunctionName(Body):
+    name: str = Field(description="A function among `tools`.")
+
+
+class NamedToolChoice(Body):
+    type: Literal["function"] = Field(description="Call a function.")
+    function: FunctionName = Field(description="The function the reply must call.")
+
+
 # What `stop` accepts (the validator below says so in its error, naming `stop`).
 STOP_SCHEMA = {
     "anyOf": [
@@ -76,6 +221,13 @@ CHAT_RULES = [
         "if": {"properties": {"stream_options": {"type": "object"}}, "required": ["stream_options"]},
         "then": {"properties": {"stream": {"const": True}}, "required": ["stream"]},
     },
+    {  # a call made compulsory (`required`, or one function named) needs tools to call
+        "if": {
+            "properties": {"tool_choice": {"anyOf": [{"const": "required"}, {"type": "object"}]}},
+            "required": ["tool_choice"],
+        },
+        "then": {"properties": {"tools": {"type": "array", "minItems": 1}}, "required": ["tools"]},
+    },
 ]
 
 
@@ -89,7 +241,27 @@ class ChatCompletionRequest(Body):
     model_config = ConfigDict(json_schema_extra={"allOf": CHAT_RULES})
 
     model: str = Field(description="Served model id (see GET /v1/models).")
-    messages: list[ChatMessage] = Field(min_length=1, description="The conversation so far.")
+    messages: list[RequestMessage] = Field(
+        min_length=1,
+        description="The conversation so far: system, user, assistant (with the `tool_calls` the endpoint returned) "
+        "and `tool` messages, each run of `tool` messages answering the calls of the assistant message before it.",
+    )
+    tools: list[ToolSpec] | None = Field(
+        None,
+        description="Functions the model may call, shown to it in the model's tool format (`model.tool_format`); a "
+        "reply that calls them comes back as `message.tool_calls` with `finish_reason: tool_calls`.",
+    )
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None,
+        description="`auto` (the default with tools): the model calls functions or writes text; `none`: the functions "
+        "are still shown (the prompt stays the same) but the reply is returned as text, never read as calls; "
+        "`required`: the reply starts with a call (the format's call opening is put at its start); "
+        '`{"type": "function", "function": {"name": ...}}`: the reply calls that function (the opening and the '
+        "function's name are put at its start).",
+    )
+    parallel_tool_calls: bool | None = Field(
+        None, description="Whether a reply may make several calls (default true); false returns its first call only."
+    )
     max_tokens: OptionalWholeNumber = Field(
         None, ge=1, description="Cap on generated tokens (default: the server cap)."
     )
@@ -181,15 +353,35 @@ class ChoiceLogprobs(BaseModel):
     content: list[TokenLogprob]
 
 
+class FunctionCallOut(BaseModel):
+    name: str = Field(description="The function called.")
+    arguments: str = Field(description="The arguments as a JSON object encoded as a string.")
+
+
+class ToolCallOut(BaseModel):
+    id: str = Field(description="`call_<hex>`: the id a `tool` message answering the call names.")
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+    @classmethod
+    def of(cls, call: ToolCall) -> ToolCallOut:
+        return cls(id=call.id, function=FunctionCallOut(name=call.name, arguments=call.arguments_json()))
+
+
+# Why a choice ended: its stop token or a stop string, the token cap, or the calls it made.
+FinishReason = Literal["stop", "length", "tool_calls"]
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None = Field(description="The reply's text; with calls, the text outside them (null if none).")
+    tool_calls: list[ToolCallOut] | None = Field(None, description="The calls the reply made (null: it made none).")
 
 
 class Choice(BaseModel):
     index: int
     message: AssistantMessage
-    finish_reason: Literal["stop", "length"]
+    finish_reason: FinishReason
     logprobs: ChoiceLogprobs | None = None
 
 
@@ -204,15 +396,28 @@ class ChatCompletion(BaseModel):
     usage: Usage
 
 
+class FunctionCallDelta(BaseModel):
+    name: str | None = Field(None, description="The function's name, in the call's first delta.")
+    arguments: str | None = Field(None, description="The next piece of the arguments' JSON string.")
+
+
+class ToolCallDelta(BaseModel):
+    index: int = Field(description="Which call of the reply (0, 1, ...) this piece belongs to.")
+    id: str | None = Field(None, description="The call's id, in its first delta.")
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta
+
+
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChunkChoice(BaseModel):
     index: int
     delta: Delta
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: FinishReason | None = None
     logprobs: ChoiceLogprobs | None = None
 
 

@@ -14,7 +14,7 @@ import hmac
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
-from typing import Annotated, Any, Protocol, TypeVar
+from typing import Annotated, Any, Literal, Protocol, TypeVar
 
 from fastapi import Depends, FastAPI, Header, Request
 from fastapi.openapi.utils import get_openapi
@@ -23,17 +23,21 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from starlette.types import Receive, Scope, Send
 
+from agentgym_rl.actors import tool_formats
 from agentgym_rl.actors.adapters import policy_source
 from agentgym_rl.actors.chat import ChatFormat
 from agentgym_rl.actors.engines import ChoiceDelta, CompletionRequest, SamplingParams
 from agentgym_rl.actors.model_store import load_tokenizer
+from agentgym_rl.actors.tool_formats import ToolChat, ToolFormat, ToolFormatError, ToolTemplate
 from agentgym_rl.configs.schema import ServeConfig
 from agentgym_rl.envs import EnvError, InvalidAction, TextEnv, make
 from agentgym_rl.envs.registry import names as env_names
+from agentgym_rl.envs.tools import Function, ToolCall, function_named
 from agentgym_rl.serve.bodies import (
     ActRequest,
     ActResponse,
     AssistantMessage,
+    AssistantTurn,
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -46,18 +50,32 @@ from agentgym_rl.serve.bodies import (
     EpisodeOpenRequest,
     EpisodeReward,
     ErrorResponse,
+    FunctionCallDelta,
     Health,
     ModelCard,
     ModelList,
+    NamedToolChoice,
     PolicyInfo,
     TokenLogprob,
+    ToolCallDelta,
+    ToolCallOut,
+    ToolMessage,
     TopLogprob,
     Usage,
+    content_text,
 )
 from agentgym_rl.serve.deployment import GenerateResult, StreamStart
 from agentgym_rl.serve.episodes import Refusal, split_token, token_of
 from agentgym_rl.serve.errors import ERROR_STATUSES, APIError, install_error_handlers, sse_error
 from agentgym_rl.serve.text import ReplyText, TokenTexts
+from agentgym_rl.serve.tool_replies import (
+    NO_TOOLS,
+    ToolReply,
+    ToolReplyText,
+    ToolUse,
+    argument_pieces,
+    tool_reply,
+)
 
 Body = TypeVar("Body", bound=BaseModel)
 Answer = TypeVar("Answer")
@@ -163,6 +181,8 @@ class PolicyAPI:
         model_ready: whether the model is loaded (asked until it first says yes; 503 before).
         episodes: the application's ``EpisodeBook`` actor (``serve.deployment.episode_store``); None: the
             endpoint records no episodes (404 on the episode routes).
+        tool_format: how tool calls are written in text (``model.tool_format``).
+        tool_template: what renders a prompt with functions (``model.tool_template``).
     """
 
     def __init__(
@@ -174,6 +194,8 @@ class PolicyAPI:
         limits: ServeConfig,
         model_ready: Callable[[], Awaitable[bool]],
         episodes: Any = None,
+        tool_format: str = "hermes",
+        tool_template: ToolTemplate = "auto",
     ) -> None:
         self.policy = policy
         self.episodes = episodes
@@ -183,6 +205,9 @@ class PolicyAPI:
         self.ready = False
         tokenizer = load_tokenizer(policy_source(source)[0])
         self.chat = ChatFormat(tokenizer)
+        self.tools = ToolChat(self.chat, tool_formats.tool_format(tool_format), tool_template)
+        # Replies read as calls, and those that opened a call that does not parse (returned as text).
+        self.counters = {"tool_calls": 0, "unparsed_tool_calls": 0}
         self.tokens = TokenTexts(tokenizer)
         self.hidden_ids = {tokenizer.eos_token_id}  # the stop token ends a reply; it is no part of its text
         self.created = int(time.time())
@@ -236,8 +261,15 @@ class PolicyAPI:
             raise APIError(400, f"{param}={requested} exceeds this server's max_tokens cap of {cap}", param=param)
         return requested
 
-    def prompt(self, messages: list[dict[str, str]]) -> list[int]:
-        ids = self.chat.prompt_ids(messages)
+    def prompt(self, messages: list[dict[str, Any]], functions: Sequence[Function] = (), prefix: str = "") -> list[int]:
+        """Ids of ``messages`` with ``functions`` shown (in the tool format), then the generation prompt and the
+        reply's forced ``prefix`` (400 when that is over ``max_prompt_tokens``)."""
+        try:
+            ids = self.tools.prompt_ids(messages, functions)
+        except ToolFormatError as exc:
+            raise APIError(400, str(exc), param="messages") from exc
+        if prefix:
+            ids += self.chat.encode(prefix)
         limit = self.limits.max_prompt_tokens
         if len(ids) > limit:
             raise APIError(
@@ -262,12 +294,59 @@ class PolicyAPI:
                 self.envs[name] = await asyncio.to_thread(build_act_env, name)
         return self.envs[name]
 
-    def completion_request(self, body: ChatCompletionRequest) -> CompletionRequest:
-        """The engine request for a chat body, after the model id and every limit are checked."""
+    def completion_request(self, body: ChatCompletionRequest, use: ToolUse) -> CompletionRequest:
+        """The engine request for a chat body and its tools, after the model id and every limit are checked."""
         params = self.sampling(body)
-        return CompletionRequest(
-            prompt_ids=self.prompt(messages_of(body)), params=params, n=body.n or 1, seed=body.seed
+        prompt = self.prompt(messages_of(body), use.functions, use.prefix)
+        return CompletionRequest(prompt_ids=prompt, params=params, n=body.n or 1, seed=body.seed)
+
+    def tool_use(self, body: ChatCompletionRequest) -> ToolUse:
+        """What ``body``'s tools ask of the generation (see :class:`ToolUse`).
+
+        Raises:
+            APIError: 400 for a ``tool_choice`` that makes a call compulsory without tools, or names a function
+                that is not among them.
+        """
+        functions = functions_of(body)
+        choice = body.tool_choice or "auto"
+        if choice in ("none", "auto"):
+            return ToolUse(
+                functions, parse=bool(functions) and choice == "auto", parallel=body.parallel_tool_calls is not False
+            )
+        if not functions:
+            raise APIError(
+                400, "tool_choice makes a call compulsory but the request offers no `tools`", param="tool_choice"
+            )
+        name = None
+        if isinstance(choice, NamedToolChoice):
+            name = choice.function.name
+            if function_named(functions, name) is None:
+                offered = ", ".join(f.name for f in functions)
+                raise APIError(
+                    400,
+                    f"tool_choice names function {name!r}, which is not among `tools` ({offered})",
+                    param="tool_choice.function.name",
+                )
+        return ToolUse(
+            functions, parse=True, prefix=self.format.call_prefix(name), parallel=body.parallel_tool_calls is not False
         )
+
+    @property
+    def format(self) -> ToolFormat:
+        """The tool format replies are read with."""
+        return self.tools.format
+
+    def tool_message(self, use: ToolUse, text: str, finish_reason: Literal["stop", "length"]) -> ToolReply:
+        """The reply ``text`` (its forced prefix included) as a message: read as calls when ``use`` asks, counted."""
+        if not use.parse:
+            return ToolReply(text, [], finish_reason)
+        return self.counted(tool_reply(self.format, text, finish_reason, parallel=use.parallel))
+
+    def counted(self, reply: ToolReply) -> ToolReply:
+        """``reply``, once its calls (or its call that did not parse) are counted in ``/v1/policy``'s stats."""
+        self.counters["tool_calls"] += len(reply.calls)
+        self.counters["unparsed_tool_calls"] += reply.error is not None
+        return reply
 
     def sampling(self, body: ChatCompletionRequest) -> SamplingParams:
         """The engine settings of a chat body, once its model id, ``n`` and token cap are checked (400/404)."""
@@ -310,8 +389,8 @@ class PolicyAPI:
             content.append(TokenLogprob(token=text, logprob=logprob, bytes=raw, top_logprobs=alternatives))
         return ChoiceLogprobs(content=content)
 
-    async def complete(self, body: ChatCompletionRequest, request: CompletionRequest) -> ChatCompletion:
-        return self.completion(body, request, await self.policy.generate(request))
+    async def complete(self, body: ChatCompletionRequest, request: CompletionRequest, use: ToolUse) -> ChatCompletion:
+        return self.completion(body, request, await self.policy.generate(request), use)
 
     async def complete_in_episode(self, token: str, body: ChatCompletionRequest) -> ChatCompletion | StreamingResponse:
         """A chat call of an episode: its book builds the prompt from the ids recorded so far, and the reply's
@@ -354,17 +433,20 @@ class PolicyAPI:
             raise
 
     def completion(
-        self, body: ChatCompletionRequest, request: CompletionRequest, result: GenerateResult
+        self, body: ChatCompletionRequest, request: CompletionRequest, result: GenerateResult, use: ToolUse = NO_TOOLS
     ) -> ChatCompletion:
         choices = []
         for index, choice in enumerate(result.choices):
             reply = self.reply(request)
             reply.push(choice.token_ids)
+            message = self.tool_message(use, use.prefix + reply.text, choice.finish_reason)
             choices.append(
                 Choice(
                     index=index,
-                    message=AssistantMessage(content=reply.text),
-                    finish_reason=choice.finish_reason,
+                    message=AssistantMessage(
+                        content=message.content, tool_calls=[ToolCallOut.of(c) for c in message.calls] or None
+                    ),
+                    finish_reason=message.finish_reason,
                     logprobs=self.logprobs(choice.token_ids, choice.logprobs, choice.top_logprobs)
                     if body.logprobs
                     else None,
@@ -401,6 +483,7 @@ class PolicyAPI:
         weights_version: int,
         stream: AsyncGenerator[StreamStart | list[ChoiceDelta], None],
         recorder: EpisodeRecorder | None = None,
+        use: ToolUse = NO_TOOLS,
     ) -> EventStream:
         """The streamed response of an admitted generation; however it ends, the generation is closed (which
         frees its rows at the engine's next step) and an episode call without a recorded reply is given up."""
@@ -412,7 +495,7 @@ class PolicyAPI:
                 if recorder is not None and not recorder.done:
                     await recorder.abandon()
 
-        return EventStream(self.sse(body, request, weights_version, stream, recorder), release)
+        return EventStream(self.sse(body, request, weights_version, stream, recorder, use), release)
 
     async def sse(
         self,
@@ -421,11 +504,16 @@ class PolicyAPI:
         weights_version: int,
         stream: AsyncGenerator[StreamStart | list[ChoiceDelta], None],
         recorder: EpisodeRecorder | None = None,
+        use: ToolUse = NO_TOOLS,
     ) -> AsyncIterator[str]:
         """SSE events: a role chunk per choice, a chunk per group of sampled tokens as they arrive, each
         choice's finish, the usage chunk when asked, then ``[DONE]``. With ``recorder`` (an episode's call,
         one choice), the reply is recorded before the usage chunk and ``[DONE]``. Closing the generation is
-        :class:`EventStream`'s (see :meth:`event_stream`)."""
+        :class:`EventStream`'s (see :meth:`event_stream`).
+
+        When ``use`` reads calls, content goes out only as far as it surely is content (up to a call's
+        opening); a choice that made calls then sends, per call, a delta with its index, id and name, its
+        arguments in pieces, and a last chunk with ``finish_reason: tool_calls``, as OpenAI streams them."""
         ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
         def event(choices: list[ChunkChoice], usage: Usage | None = None) -> str:
@@ -441,6 +529,7 @@ class PolicyAPI:
             return f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
 
         replies = [self.reply(request) for _ in range(request.n)]
+        readers = [ToolReplyText(reply, self.format, use) for reply in replies] if use.parse else None
         generated = 0
         sampled: list[int] = []
         logprobs_sampled: list[float] = []
@@ -456,21 +545,28 @@ class PolicyAPI:
                         sampled += delta.token_ids
                         logprobs_sampled += delta.logprobs
                         finish_reason = delta.finish_reason or finish_reason
-                    reply = replies[delta.choice]
-                    text = reply.push(delta.token_ids)
-                    if delta.finish_reason is not None:
-                        text += reply.finish()
+                    reader = replies[delta.choice] if readers is None else readers[delta.choice]
+                    text = reader.push(delta.token_ids)
+                    finish_reason, calls = delta.finish_reason, []
+                    if finish_reason is not None and readers is None:
+                        text += replies[delta.choice].finish()
+                    elif finish_reason is not None:
+                        rest, message = readers[delta.choice].finish(finish_reason)
+                        text += rest
+                        finish_reason, calls = self.counted(message).finish_reason, message.calls
                     logprobs = None
                     if body.logprobs:
                         logprobs = self.logprobs(delta.token_ids, delta.logprobs, delta.top_logprobs)
-                    if text or delta.finish_reason is not None or (logprobs is not None and logprobs.content):
+                    if text or finish_reason is not None or (logprobs is not None and logprobs.content):
                         choice = ChunkChoice(
                             index=delta.choice,
                             delta=Delta(content=text) if text else Delta(),
-                            finish_reason=delta.finish_reason,
+                            finish_reason=None if calls else finish_reason,
                             logprobs=logprobs,
                         )
                         yield event([choice])
+                    for chunk in call_chunks(delta.choice, calls):
+                        yield event([chunk])
             if recorder is not None:
                 await recorder.record(sampled, logprobs_sampled, weights_version, finish_reason, replies[0].text)
             if body.stream_options is not None and body.stream_options.include_usage:
@@ -559,8 +655,60 @@ def declare_episode_links(paths: dict) -> None:
     }
 
 
-def messages_of(body: ChatCompletionRequest) -> list[dict[str, str]]:
-    return [m.model_dump(exclude={"name"}) for m in body.messages]
+def messages_of(body: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """``body``'s messages in the form the tool formats and the episode book read: ``role`` and ``content`` as
+    text (parts joined; None for an assistant message that only made calls), an assistant message's
+    ``tool_calls`` as :class:`~agentgym_rl.envs.tools.ToolCall` s, a tool message's ``tool_call_id``.
+
+    Raises:
+        APIError: 400 for a ``tool`` message that answers none of the calls of the assistant message its run of
+            ``tool`` messages follows.
+    """
+    messages: list[dict[str, Any]] = []
+    answerable: list[str] = []  # the ids of the calls the next tool message may answer
+    for index, sent in enumerate(body.messages):
+        message: dict[str, Any] = {"role": sent.role, "content": content_text(sent.content)}
+        if isinstance(sent, ToolMessage):
+            if sent.tool_call_id not in answerable:
+                made = f"made {answerable}" if answerable else "made none"
+                raise APIError(
+                    400,
+                    f"messages[{index}] answers tool call {sent.tool_call_id!r}, but the assistant message before it "
+                    f"{made}: each `tool` message follows the assistant message whose call (`tool_calls[].id`) it "
+                    "answers, or another `tool` message answering it",
+                    param=f"messages.{index}.tool_call_id",
+                )
+            message["tool_call_id"] = sent.tool_call_id
+        elif isinstance(sent, AssistantTurn) and sent.tool_calls:
+            message["tool_calls"] = [call.call() for call in sent.tool_calls]
+            answerable = [call.id for call in sent.tool_calls]
+        else:
+            answerable = []
+        messages.append(message)
+    return messages
+
+
+def functions_of(body: ChatCompletionRequest) -> list[Function]:
+    """The functions ``body`` offers (its ``tools``), in order."""
+    return [tool.function.function() for tool in body.tools or ()]
+
+
+def call_chunks(index: int, calls: list[ToolCall]) -> list[ChunkChoice]:
+    """Choice ``index``'s calls as OpenAI streams them: per call a delta with its index, id, type and name (and
+    empty arguments), then its arguments in pieces; last an empty delta with ``finish_reason: tool_calls``."""
+    if not calls:
+        return []
+    chunks = []
+    for position, call in enumerate(calls):
+        opening = FunctionCallDelta(name=call.name, arguments="")
+        chunks.append(tool_chunk(index, ToolCallDelta(index=position, id=call.id, type="function", function=opening)))
+        for piece in argument_pieces(call):
+            chunks.append(tool_chunk(index, ToolCallDelta(index=position, function=FunctionCallDelta(arguments=piece))))
+    return [*chunks, ChunkChoice(index=index, delta=Delta(), finish_reason="tool_calls")]
+
+
+def tool_chunk(index: int, delta: ToolCallDelta) -> ChunkChoice:
+    return ChunkChoice(index=index, delta=Delta(tool_calls=[delta]))
 
 
 def answered(answer: Answer | Refusal) -> Answer:
@@ -645,7 +793,8 @@ def build_api(api: PolicyAPI) -> FastAPI:
     @app.get("/v1/policy", dependencies=authorised, responses=errors(*keyed, 503))
     async def policy() -> PolicyInfo:
         await api.require_model()
-        return PolicyInfo(model=api.model_id, **await api.policy.policy())
+        info = await api.policy.policy()
+        return PolicyInfo(model=api.model_id, **{**info, "stats": {**info["stats"], **api.counters}})
 
     @app.post(
         "/v1/chat/completions",
@@ -677,12 +826,13 @@ def build_api(api: PolicyAPI) -> FastAPI:
         if token is not None:
             await api.require_model()
             return await api.complete_in_episode(token, body)
-        completion = api.completion_request(body)
+        use = api.tool_use(body)
+        completion = api.completion_request(body, use)
         await api.require_model()
         if body.stream:
             weights_version, stream = await api.open_stream(completion)
-            return api.event_stream(body, completion, weights_version, stream)
-        return await api.complete(body, completion)
+            return api.event_stream(body, completion, weights_version, stream, use=use)
+        return await api.complete(body, completion, use)
 
     @app.post(
         "/v1/act",
