@@ -218,6 +218,8 @@ class McpConnection:
         if (exc := call.exception()) is not None:
             from mcp import McpError, types
 
+            if isinstance(exc, McpServerError):
+                raise exc
             if refusals and isinstance(exc, McpError) and exc.error.code != types.CONNECTION_CLOSED:
                 raise exc
             raise McpServerError(f"{self.label} failed to {what}: {_reason(exc)}") from exc

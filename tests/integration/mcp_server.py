@@ -6,6 +6,7 @@ it is called (counted across the servers that share the folder)."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from mcp.server.fastmcp import FastMCP
@@ -59,4 +60,8 @@ def crash() -> str:
 if __name__ == "__main__":
     if folder := os.environ.get("MCP_TEST_DIR"):
         (Path(folder) / f"{os.getpid()}.pid").touch()
-    server.run("stdio")
+    if len(sys.argv) == 3 and sys.argv[1] == "--http":  # streamable HTTP at http://127.0.0.1:PORT/mcp
+        server.settings.port = int(sys.argv[2])
+        server.run("streamable-http")
+    else:
+        server.run("stdio")

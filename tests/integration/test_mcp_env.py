@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -173,6 +175,43 @@ def test_a_killed_server_fails_the_step_and_the_next_reset_starts_a_new_one(tmp_
         env.close()
 
 
+@pytest.fixture
+def http_server(tmp_path):
+    """The test server on streamable HTTP at a free port: (its URL, its process)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen([sys.executable, str(SERVER), "--http", str(port)], stderr=subprocess.DEVNULL)
+    while True:  # until it listens (the test's timeout bounds a server that never does)
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert process.poll() is None, "the HTTP MCP server exited"
+            time.sleep(0.1)
+    yield f"http://127.0.0.1:{port}/mcp", process
+    process.kill()
+    process.wait()
+
+
+def test_a_streamable_http_server_by_url_and_its_death_named_by_url(tmp_path, http_server):
+    url, process = http_server
+    options = {key: value for key, value in server_options(tmp_path).items() if key not in ("command", "args", "env")}
+    env = make("mcp", {**options, "url": url})
+    try:
+        env.reset(0)
+        assert env.step('Action: add {"a": 2, "b": 3}').observation == "5.0"
+        assert "division by zero" in env.step('Action: divide {"a": 1, "b": 0}').observation
+        process.kill()
+        process.wait()
+        with pytest.raises(EnvUnavailable, match=f"MCP server {url} "):
+            env.step('Action: add {"a": 2, "b": 3}')
+        with pytest.raises(EnvUnavailable, match=f"MCP server {url} did not start: ConnectError"):
+            env.reset(0)
+    finally:
+        env.close()
+
+
 def test_bad_options_get_clear_errors(tmp_path):
     good = server_options(tmp_path)
     with pytest.raises(pydantic.ValidationError, match="sets both of `command` and `url`"):
@@ -261,6 +300,7 @@ def test_train_two_iterations_on_the_mcp_server(tmp_path, monkeypatch):
         "curriculum.schedule": "fixed",
         "curriculum.horizon": 3,
         "algorithm.skip_uniform_groups": "false",  # tiny-random never answers: every group's rewards are 0
+        "algorithm.entropy_coef": 0.01,  # so the weights move all the same
         "trainer.iterations": 2,
         "trainer.tasks_per_iteration": 2,
         "algorithm.group_size": 2,
@@ -281,6 +321,8 @@ def test_train_two_iterations_on_the_mcp_server(tmp_path, monkeypatch):
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [record["iteration"] for record in records] == [0, 1]
     assert all(record["rollout/episodes"] == 4 for record in records)
+    assert [record["weights_version"] for record in records] == [1, 2]
+    assert all(record["learner/grad_norm"] > 0 for record in records)
     episodes = [json.loads(line) for line in (run / "trajectories" / "iter_000001.jsonl").read_text().splitlines()]
     assert len(episodes) == 4 and not any(episode["failed"] for episode in episodes)
     assert all(episode["env"] == "mcp" and episode["task_id"] in (0, 1) for episode in episodes)
