@@ -169,14 +169,17 @@ class McpEnv(TextEnv):
         """The ``instruction`` option, the action syntax and the offered functions with their argument schemas."""
         answer = self.options.answer_tool
         tools = "\n".join(f"- {_signature(f)}: {f.description.strip() or '(no description)'}" for f in self.functions())
+        ending = (
+            f'When you know the answer, reply Action: {answer} {{"answer": "<your answer>"}}; that ends the task.'
+            if self._own_answer()
+            else f"Calling {answer} ends the task."
+        )
         return (
             f"{self.options.instruction}\n\n"
             "Each turn, think briefly, then call one tool by ending your reply with a line\n"
             "Action: <tool name> <arguments as a JSON object>\n"
             'or with <tool_call>{"name": "<tool name>", "arguments": {...}}</tool_call>. '
-            "The tool's result is your next observation.\n"
-            f'When you know the answer, reply Action: {answer} {{"answer": "<your answer>"}}; that ends the task.\n\n'
-            f"Tools:\n{tools}"
+            f"The tool's result is your next observation.\n{ending}\n\nTools:\n{tools}"
         )
 
     def tasks(self, split: str) -> Sequence[int]:

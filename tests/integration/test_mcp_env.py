@@ -147,6 +147,20 @@ def test_the_episode_ends_after_max_turns_and_is_scored_without_an_answer(tmp_pa
         env.close()
 
 
+def test_a_server_tool_as_answer_tool_is_called_and_ends_the_episode(tmp_path):
+    SCORED.clear()
+    env = make("mcp", server_options(tmp_path, answer_tool="add"))
+    try:
+        assert [f.name for f in env.functions()][-1] == "crash"  # no function of the env's own
+        assert "Calling add ends the task." in env.instruction
+        env.reset(0)
+        last = env.step('Action: add {"a": 2, "b": 3}')
+        assert last.done and last.observation == "5.0"
+        assert SCORED[0]["answer"] is None and [r.name for r in SCORED[0]["tool_results"]] == ["add"]
+    finally:
+        env.close()
+
+
 def servers(folder: Path) -> set[int]:
     return {int(path.stem) for path in folder.glob("*.pid")}
 
