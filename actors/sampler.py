@@ -27,8 +27,9 @@ from agentgym_rl.actors.engines import Generation, make_engine
 from agentgym_rl.actors.heap import release_free_heap, return_large_frees_to_the_os
 from agentgym_rl.actors.logs import Timeline
 from agentgym_rl.actors.model_store import load_tokenizer
-from agentgym_rl.actors.rollout import run_episode
+from agentgym_rl.actors.rollout import ToolActions, run_episode
 from agentgym_rl.actors.threads import set_torch_threads
+from agentgym_rl.actors.tool_formats import ToolChat, tool_format
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.actors.transport import DeviceIdentity, SharedWeights
 from agentgym_rl.actors.weight_sync import GroupAddress
@@ -36,6 +37,7 @@ from agentgym_rl.actors.weights import WeightsPayload
 from agentgym_rl.configs.schema import EnvConfig, ModelConfig, SamplerConfig
 from agentgym_rl.envs.actor import EnvRestarted, hide_unreserved_gpus
 from agentgym_rl.envs.base import EnvUnavailable
+from agentgym_rl.envs.tools import Function
 
 log = structlog.get_logger()
 
@@ -106,6 +108,12 @@ class SamplerActor:
         self.env_config = env
         tokenizer = load_tokenizer(model.name)
         self.chat = ChatFormat(tokenizer)
+        # env.action_format=tools: the env's functions are offered and each reply's first call is its action.
+        self.tool_chat = (
+            ToolChat(self.chat, tool_format(model.tool_format), model.tool_template)
+            if env.action_format == "tools"
+            else None
+        )
         self.eos_token_id = tokenizer.eos_token_id
         stop_ids = [tokenizer.eos_token_id]
         self.engine = make_engine(
@@ -126,6 +134,7 @@ class SamplerActor:
         self.envs = [start_env_actor(env, sampler) for _ in range(count)]
         self.ready: set[ray.actor.ActorHandle] = set()  # env actors known to have started
         self.instruction: str | None = None
+        self.functions: list[Function] = []
         self.free_envs: asyncio.Queue | None = None
         self.horizon: int | None = None
         self.pending: list[tuple[list[int], torch.Generator, int, asyncio.Future]] = []
@@ -240,7 +249,7 @@ class SamplerActor:
         try:
             if self.instruction is None:
                 await asyncio.gather(*(self._started(env) for env in self.envs))
-                self.instruction = await self._instruction()
+                self.instruction, self.functions = await self._instruction()
             trajectories = await asyncio.gather(
                 *(self._play(request, request.horizon or pushed) for request in requests)
             )
@@ -255,13 +264,28 @@ class SamplerActor:
 
         return await asyncio.wait_for(self._await(ref), self.config.env_timeout_s)
 
-    async def _instruction(self) -> str:
-        """The env's instruction, from the first env actor that answers (a node may have taken others)."""
+    async def _instruction(self) -> tuple[str, list[Function]]:
+        """The env's instruction and, in tool format, its tool instruction and functions, from the first env actor
+        that answers (a node may have taken others).
+
+        Raises:
+            RuntimeError: no env actor answered, or the env has no functions to offer in tool format.
+        """
         for env in list(self.envs):
             try:
-                return await self._env_call(env.instruction.remote())
+                if self.tool_chat is None:
+                    return await self._env_call(env.instruction.remote()), []
+                instruction = await self._env_call(env.tool_instruction.remote())
+                functions = await self._env_call(env.functions.remote())
             except ENV_FAILURES as exc:
                 log.warning("env actor failed; asking another", reason=failure_reason(exc))
+                continue
+            if not functions:
+                raise RuntimeError(
+                    f"env {self.env_config.name!r} offers no functions, so it cannot be played with "
+                    "env.action_format=tools; set env.action_format=text"
+                )
+            return instruction, functions
         raise RuntimeError(f"sampler {self.index}: no env actor answered; every one of {len(self.envs)} failed")
 
     async def _started(self, env: ray.actor.ActorHandle) -> bool:
@@ -403,6 +427,15 @@ class SamplerActor:
             horizon=horizon,
             max_new_tokens=self.config.sampling.max_new_tokens,
             max_context_tokens=self.config.max_context_tokens,
+            tools=(
+                None
+                if self.tool_chat is None
+                else ToolActions(
+                    chat=self.tool_chat,
+                    functions=self.functions,
+                    step_call=lambda call: self._env_call(env.step_call.remote(call)),
+                )
+            ),
         )
 
     async def _generate(self, prompt: list[int], generator: torch.Generator, key: int) -> tuple[Generation, int]:
@@ -412,8 +445,12 @@ class SamplerActor:
         return await future
 
     async def _oracle_generate(self, env: ray.actor.ActorHandle, prompt: list[int]) -> tuple[Generation, int]:
-        """The env oracle's reply as if sampled: its ids end with the end-of-turn token."""
-        reply = await self._env_call(env.oracle_reply.remote())
+        """The env oracle's reply as if sampled (in tool format, its call as the format writes it): its ids end with
+        the end-of-turn token."""
+        if self.tool_chat is None:
+            reply = await self._env_call(env.oracle_reply.remote())
+        else:
+            reply = self.tool_chat.format.call_text(None, [await self._env_call(env.oracle_call.remote())])
         ids = [*self.chat.encode(reply), self.eos_token_id]
         return Generation(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop"), self.engine.weights_version
 

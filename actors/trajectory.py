@@ -26,7 +26,10 @@ class Trajectory(BaseModel):
     prompt_length: int = Field(description="Tokens before the first sampled reply.")
     turn_spans: list[tuple[int, int]]
     messages: list[dict[str, str]] = Field(description="The conversation as text (for logs and the viewer).")
-    actions: list[str] = Field(description="Raw reply text of each turn, as sent to the environment.")
+    actions: list[str] = Field(
+        description="What each turn sent to the environment: the raw reply (`env.action_format: text`), or the "
+        'action text of the reply\'s first call (`tools`; "" where the reply made no call the env accepted).'
+    )
     step_rewards: list[float] = Field(description="Environment reward of each turn.")
     state_keys: list[str | None] = Field(
         default_factory=list,

@@ -56,12 +56,21 @@ class ModelConfig(Section):
     )
 
 
+ACTION_FORMAT = (
+    "How the trainer's own rollouts and evaluations talk to the env: `text`, each reply is the action as the env's "
+    "instruction asks for it; `tools`, the env's functions are offered (rendered by `model.tool_format`), each "
+    "reply's first call is the action and the observation comes back as its result. `tools` needs an env that "
+    "describes its actions as functions (babyai, textcraft, search, mcp, openenv; `train` names them otherwise)."
+)
+
+
 class EnvConfig(Section):
     name: str = Field("babyai", description="Registered environment name (see `agentgym-rl envs`).")
     split: Literal["train", "test"] = Field("train", description="Split that training tasks are drawn from.")
     options: dict[str, Any] = Field(
         default_factory=dict, description="Env-specific options, validated by the env's own Options model."
     )
+    action_format: Literal["text", "tools"] = Field("text", description=ACTION_FORMAT)
 
 
 class SamplingConfig(Section):
@@ -411,6 +420,7 @@ class MixEntry(Section):
     options: dict[str, Any] = Field(
         default_factory=dict, description="Env-specific options, validated by the env's own Options model."
     )
+    action_format: Literal["text", "tools"] = Field("text", description=ACTION_FORMAT)
     curriculum: CurriculumConfig | None = Field(
         None, description="This env's horizon schedule (its own CurriculumActor); None: the run's `curriculum`."
     )

@@ -30,6 +30,7 @@ from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.configs import Config, ConfigError, load_config
 from agentgym_rl.configs.errors import AgentGymError
 from agentgym_rl.configs.loader import apply_override, format_validation_error
+from agentgym_rl.driver.mix import check_action_format
 from agentgym_rl.driver.needs import pool_need
 from agentgym_rl.envs import env_class, make
 
@@ -236,18 +237,23 @@ def build_config(options: EvalOptions, policy: str, run_dir: RunDir | None) -> C
     data = base.model_dump(mode="json")
     # The env's options as the run trained it: its `envs` entry in a multi-env run, else `env` if it is that env.
     trained = [entry for entry in data.pop("envs") if entry["name"] == options.env] or [data["env"]]
-    env_options = trained[0]["options"] if trained[0]["name"] == options.env else {}
+    same_env = trained[0]["name"] == options.env
+    env_options = trained[0]["options"] if same_env else {}
+    # The action format too: a policy trained in tool format is evaluated in it (`--set env.action_format=...`).
+    action_format = trained[0]["action_format"] if same_env else "text"
     data["model"]["name"], data["model"]["adapter"] = policy_source(policy)
-    data["env"] = {"name": options.env, "split": options.split, "options": env_options}
+    data["env"] = {"name": options.env, "split": options.split, "options": env_options, "action_format": action_format}
     data["sampler"]["policy"] = "model"
     data["sampler"]["sampling"]["temperature"] = options.temperature
     data["run"]["seed"] = options.seed
     for item in options.overrides:
         apply_override(data, item)
     try:
-        return Config.model_validate(data)
+        config = Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, "eval settings")) from None
+    check_action_format(config.env.name, config.env.action_format, "env")
+    return config
 
 
 def episode_seeds(seed: int, task_id: int, samples: int) -> list[int]:
@@ -334,13 +340,15 @@ def run_eval(options: EvalOptions) -> tuple[dict, Path]:
             per_task[trajectory.task_id] += 1
     finally:
         env.close()
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{options.env}-{options.split}-{source_name}")
+    played_as = "-tools" if config.env.action_format == "tools" else ""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{options.env}{played_as}-{options.split}-{source_name}")
     report = {
         "name": name,
         "policy": policy_name,
         "checkpoint": options.checkpoint,
         "env": options.env,
         "split": options.split,
+        "action_format": config.env.action_format,
         "samples": options.samples,
         "max_turns": max_turns,
         "temperature": options.temperature,

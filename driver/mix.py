@@ -18,7 +18,7 @@ import numpy as np
 
 from agentgym_rl.configs import Config, ConfigError
 from agentgym_rl.configs.schema import EnvConfig, MixEntry
-from agentgym_rl.envs import EnvError, env_class
+from agentgym_rl.envs import EnvError, env_class, names
 
 if TYPE_CHECKING:
     from agentgym_rl.actors.pools import SamplerPool
@@ -65,7 +65,16 @@ def mix_entries(config: Config) -> list[MixEntry]:
     if config.envs:
         return list(config.envs)
     env = config.env
-    return [MixEntry(name=env.name, weight=1.0, split=env.split, options=env.options, curriculum=None)]
+    return [
+        MixEntry(
+            name=env.name,
+            weight=1.0,
+            split=env.split,
+            options=env.options,
+            action_format=env.action_format,
+            curriculum=None,
+        )
+    ]
 
 
 def env_run_config(config: Config, entry: MixEntry) -> Config:
@@ -73,7 +82,7 @@ def env_run_config(config: Config, entry: MixEntry) -> Config:
     ``entry`` (the run's own config when ``entry`` is the one-entry mix of ``env``)."""
     if not config.envs:
         return config
-    env = EnvConfig(name=entry.name, split=entry.split, options=entry.options)
+    env = EnvConfig(name=entry.name, split=entry.split, options=entry.options, action_format=entry.action_format)
     curriculum = entry.curriculum if entry.curriculum is not None else config.curriculum
     return config.model_copy(update={"env": env, "curriculum": curriculum, "envs": []})
 
@@ -87,16 +96,51 @@ def schedule_seed(run_seed: int, index: int) -> int:
 
 
 def check_envs(config: Config) -> None:
-    """Fail before anything starts when an ``envs`` entry names an env nobody registered.
+    """Fail before anything starts when an ``envs`` entry names an env nobody registered, or when ``env`` or an
+    entry asks for ``action_format: tools`` on an env without functions.
 
     Raises:
-        ConfigError: naming the entry and listing the registered envs.
+        ConfigError: naming the entry and listing the registered envs (or the envs with functions).
     """
     for index, entry in enumerate(config.envs):
         try:
             env_class(entry.name)
         except EnvError as exc:
             raise ConfigError(f"invalid config: envs[{index}].name: {exc}") from None
+        check_action_format(entry.name, entry.action_format, f"envs[{index}]")
+    if not config.envs and config.env.action_format == "tools":
+        check_action_format(config.env.name, "tools", "env")
+
+
+def check_action_format(name: str, action_format: str, key: str) -> None:
+    """Fail when env ``name`` (the config section ``key``) is to be played in tool format but has no functions.
+
+    Raises:
+        ConfigError: naming the env and the registered envs that describe their actions as functions.
+    """
+    if action_format != "tools":
+        return
+    try:
+        if env_class(name).has_functions():
+            return
+    except EnvError:
+        return  # an unknown env is reported where it is made, with the registered names
+    raise ConfigError(
+        f"invalid config: {key}.action_format=tools: env {name!r} describes no actions as functions; envs that "
+        f"do: {', '.join(envs_with_functions())}; set {key}.action_format=text"
+    )
+
+
+def envs_with_functions() -> list[str]:
+    """The registered envs that describe their actions as functions (those that cannot be imported here aside)."""
+    found = []
+    for name in names():
+        try:
+            if env_class(name).has_functions():
+                found.append(name)
+        except EnvError:
+            continue
+    return found
 
 
 def env_metrics(name: str, report: dict[str, float], episodes: int, horizon: int) -> dict[str, float]:
