@@ -56,7 +56,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import PydanticCustomError
 
 from agentgym_rl.envs.base import EnvError, InvalidAction, TextEnv, reply_of_action
-from agentgym_rl.envs.registry import env_class, make
+from agentgym_rl.envs.registry import make
 from agentgym_rl.envs.tools import ToolCall
 
 try:
@@ -75,7 +75,7 @@ SPLITS = ("train", "test")
 # Paths that answer without the token, as on the AgentGym server: the schema and its pages hold no data, and
 # clients and fuzzers read the schema first.
 OPEN_PATHS = frozenset({"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
-ENDED_KEPT = 4096  # named episodes remembered after they end, for the error a later step gets
+GONE_KEPT = 4096  # named episodes remembered after they end or are closed, for the error a later step gets
 
 
 class RequestError(EnvError):
@@ -267,14 +267,15 @@ class Episode:
         return self.call(run)
 
     def step(self, action: str | ToolCall) -> tuple[str, float, bool, dict[str, Any]]:
-        """(observation, reward, done, info) of one step. Raises RequestError: 409 before a reset or after the end."""
+        """(observation, reward, done, info) of one step. Raises RequestError: 409 before a reset or after the end,
+        404 once closed."""
 
         def run() -> tuple[str, float, bool, dict[str, Any]]:
+            if self.done:  # (a named episode is closed once it ends)
+                raise RequestError(409, f"the episode{self._named()} is over: reset to start another")
             self._check_open()
             if self.env is None or self.task_id is None:
                 raise RequestError(409, "no episode yet: reset first")
-            if self.done:
-                raise RequestError(409, f"the episode{self._named()} is over: reset to start another")
             text = action if isinstance(action, str) else self.env.action_of_call(action)
             if isinstance(text, InvalidAction):  # answered as the env answers text it cannot parse
                 return utf8(text.reason), 0.0, False, {"action_valid": False}
@@ -318,11 +319,8 @@ class NamedEpisodes:
         self._make_env = make_env
         self.limit = limit
         self._live: OrderedDict[str, Episode] = OrderedDict()  # least recently used first
-        self._ended: OrderedDict[str, str] = OrderedDict()  # name -> why it is gone
+        self._gone: OrderedDict[str, tuple[int, str]] = OrderedDict()  # name -> the status and why, for a step
         self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._live)
 
     def for_reset(self, name: str) -> Episode:
         """The episode named ``name``, made when it is not live (closing the least recently used at the limit)."""
@@ -332,9 +330,10 @@ class NamedEpisodes:
             if episode is None or episode.closed:
                 if len(self._live) >= self.limit:
                     _, evicted = self._live.popitem(last=False)
-                    self._forget(evicted.name, f"closed to make room ({self.limit} named episodes were live)")
+                    why = f"closed to make room: {self.limit} named episodes were live (--max-envs)"
+                    self._forget(evicted.name, 404, why)
                 episode = self._live[name] = Episode(self._make_env, name)
-                self._ended.pop(name, None)
+                self._gone.pop(name, None)
             self._live.move_to_end(name)
         if evicted is not None:
             log.info("openenv episode closed to make room", episode=evicted.name, limit=self.limit)
@@ -348,9 +347,10 @@ class NamedEpisodes:
             if episode is not None:
                 self._live.move_to_end(name)
                 return episode
-            why = self._ended.get(name)
-        if why is not None:
-            raise RequestError(409, f"episode {name!r} is over ({why}): POST /reset to start another")
+            gone = self._gone.get(name)
+        if gone is not None:
+            status, why = gone
+            raise RequestError(status, f"episode {name!r} is over ({why}): POST /reset to start another")
         raise RequestError(404, f"no live episode {name!r}: POST /reset with that episode_id starts one")
 
     def ended(self, episode: Episode) -> None:
@@ -358,7 +358,7 @@ class NamedEpisodes:
         with self._lock:
             if self._live.get(episode.name) is episode:
                 del self._live[episode.name]
-                self._forget(episode.name, "it ended")
+                self._forget(episode.name, 409, "it ended")
         episode.close()
 
     def close_all(self) -> None:
@@ -368,13 +368,13 @@ class NamedEpisodes:
         for episode in episodes:
             episode.close()
 
-    def _forget(self, name: str | None, why: str) -> None:
+    def _forget(self, name: str | None, status: int, why: str) -> None:
         # Called holding the lock.
         if name is None:
             return
-        self._ended[name] = why
-        while len(self._ended) > ENDED_KEPT:
-            self._ended.popitem(last=False)
+        self._gone[name] = (status, why)
+        while len(self._gone) > GONE_KEPT:
+            self._gone.popitem(last=False)
 
 
 # ----------------------------------------------------------------------------------------------------- the env
@@ -529,7 +529,6 @@ class TextEnvironment(Environment):
             description=f"agentgym-rl env {self._served.env_name!r} served over OpenEnv",
             readme_content=self._served.instruction,
             version=version("agentgym-rl"),
-            documentation_url="https://github.com/agentgym-rl/agentgym-rl/blob/main/docs/how-to/openenv-server.md",
         )
 
     def close(self) -> None:
@@ -645,10 +644,7 @@ def build_openenv_app(
     if max_envs < 1:
         raise ValueError(f"--max-envs must be at least 1, got {max_envs}")
     options = options or {}
-    options_model = getattr(env_class(env_name), "Options", None)
-    if options_model is not None:
-        options_model(**options)
-    probe = make(env_name, options)
+    probe = make(env_name, options)  # a bad name or option fails here, not per request
     served = Served(env_name, options, probe, max_envs, max_action_chars)
     app = create_fastapi_app(
         functools.partial(TextEnvironment, served),

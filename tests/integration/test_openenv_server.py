@@ -26,6 +26,7 @@ import schemathesis
 from openenv.core import GenericEnvClient
 from openenv.core.client_types import StepResult
 from schemathesis.engine import events, from_schema
+from starlette.testclient import TestClient
 
 from agentgym_rl.actors.weight_sync import free_port
 from agentgym_rl.envs import Function, ToolCall, make, register
@@ -210,6 +211,18 @@ def test_two_sessions_do_not_share_state(babyai_url):
         expected.reset(task)
         step = http.post("/step", json={"action": {"text": "turn left"}, "episode_id": name}).json()
         assert step["observation"]["text"] == expected.step("Action: turn left").observation
+
+
+def test_named_episodes_beyond_max_envs_make_room_for_the_newest():
+    http = TestClient(build_openenv_app("babyai", max_envs=2))
+    for name in ("a", "b", "c"):  # "a", the least recently used, is closed for "c"
+        assert http.post("/reset", json={"task_id": 3, "episode_id": name}).status_code == 200
+    closed = http.post("/step", json={"action": {"text": "turn left"}, "episode_id": "a"})
+    assert closed.status_code == 404 and "closed to make room: 2 named episodes" in closed.json()["detail"]
+    for name in ("b", "c"):
+        assert http.post("/step", json={"action": {"text": "turn left"}, "episode_id": name}).status_code == 200
+    assert http.post("/reset", json={"task_id": 3, "episode_id": "a"}).status_code == 200  # named again: a new one
+    assert http.post("/step", json={"action": {"text": "turn left"}, "episode_id": "a"}).status_code == 200
 
 
 def test_schema_is_valid_and_validates_the_bodies_sent(callable_url):
