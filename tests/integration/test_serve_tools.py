@@ -189,6 +189,7 @@ def test_each_bad_request_is_a_400_in_openais_shape_naming_the_field(client, cha
         assert error["param"] == param, error
 
 
+@pytest.mark.slow  # a second replica loads tiny-random's weights: about 30 s on a loaded 2-core machine
 def test_a_real_models_text_after_the_forced_prefix_is_a_call_or_counted_text(server):
     """tiny-random's weights write random text after ``<tool_call>\\n{"name": "move", "arguments": ``: it parses as
     a call of ``move`` (finish ``tool_calls``) or comes back as that text (counted), never anything else."""
