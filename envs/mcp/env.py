@@ -158,6 +158,7 @@ class McpEnv(TextEnv):
         self._reward = _reward_function(self.options.reward)
         self._connection: McpConnection | None = None
         self._offered: list[Function] = []  # the functions of the open connection
+        self._answers_itself = True  # whether answer_tool is the env's own function (the server has no such tool)
         self.restarts = 0
         self._task: dict[str, Any] | None = None
         self._messages: list[dict[str, str]] = []
@@ -181,6 +182,18 @@ class McpEnv(TextEnv):
             'or with <tool_call>{"name": "<tool name>", "arguments": {...}}</tool_call>. '
             f"The tool's result is your next observation.\n{ending}\n\nTools:\n{tools}"
         )
+
+    @property
+    def tool_instruction(self) -> str:
+        """System prompt in ``env.action_format: tools``: the ``instruction`` option and how a task ends (the tool
+        format lists the functions)."""
+        answer = self.options.answer_tool
+        ending = (
+            f"When you know the answer, call {answer} with it; that ends the task."
+            if self._own_answer()
+            else f"Calling {answer} ends the task."
+        )
+        return f"{self.options.instruction}\n\nCall one tool a turn; its result is your next observation. {ending}"
 
     def tasks(self, split: str) -> Sequence[int]:
         """Ids of the tasks whose ``split`` is ``split`` or that name none."""
@@ -251,7 +264,7 @@ class McpEnv(TextEnv):
             call = _checked(functions, *call)
         if isinstance(call, InvalidAction):
             observation = call.reason
-        elif call[0] == self.options.answer_tool and self._own_answer():
+        elif call[0] == self.options.answer_tool and self._answers_itself:
             answer, ends = call[1]["answer"], True
             observation = "Answer received."
         else:
@@ -313,6 +326,7 @@ class McpEnv(TextEnv):
         )
         try:
             self._offered = self._functions(connection)
+            self._answers_itself = all(tool.name != options.answer_tool for tool in connection.tools)
         except EnvError:
             connection.close()
             raise
@@ -359,9 +373,9 @@ class McpEnv(TextEnv):
         return functions
 
     def _own_answer(self) -> bool:
-        """Whether ``answer_tool`` is the env's own function (the server has no tool of that name)."""
-        assert self._connection is not None
-        return all(tool.name != self.options.answer_tool for tool in self._connection.tools)
+        """Whether ``answer_tool`` is the env's own function (the server had no tool of that name)."""
+        self._connected()
+        return self._answers_itself
 
     def _call_in(self, model_text: str) -> tuple[str, dict[str, Any]] | InvalidAction:
         """The (name, arguments) of the reply's first tool call, or why it has none."""

@@ -47,6 +47,12 @@ class CrashingEngine(ScriptedEngine):
     REPLY = "Action: crash {}"
 
 
+class AddingEngine(ScriptedEngine):
+    """Calls `add` every turn, as a tool-calling model writes a call (hermes)."""
+
+    REPLY = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+
+
 def server_options(tmp_path: Path, **options) -> dict:
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps(task) + "\n" for task in TASKS))
@@ -264,7 +270,7 @@ def test_a_server_that_cannot_start_or_lacks_a_named_tool_is_named(tmp_path):
         env.close()
 
 
-def sampler_for(tmp_path: Path, engine: str, crashes: int):
+def sampler_for(tmp_path: Path, engine: str, crashes: int = 0, *settings: str):
     options = server_options(tmp_path)
     options["env"]["MCP_TEST_CRASHES"] = str(crashes)
     overrides = [
@@ -275,6 +281,7 @@ def sampler_for(tmp_path: Path, engine: str, crashes: int):
         "sampler.envs_per_sampler=1",
         "sampler.num_cpus=0.25",
         "sampler.sampling.max_new_tokens=8",
+        *settings,
     ]
     config = load_config(RECIPE, overrides)
     return (
@@ -300,6 +307,24 @@ def test_a_server_that_dies_in_a_sampler_fails_the_episode_and_the_next_episode_
     )
     assert not next_episode.failed and len(next_episode.actions) == 2
     assert state["env_replacements"] == 2 and len(list(tmp_path.glob("*.crash"))) == 2
+
+
+def test_in_tools_format_the_servers_tools_are_offered_and_each_call_steps_the_env(ray_local, tmp_path):
+    sampler = sampler_for(
+        tmp_path,
+        "tests.integration.test_mcp_env:AddingEngine",
+        0,
+        "env.action_format=tools",
+        "sampler.sampling.max_new_tokens=64",
+    )
+    try:
+        [episode] = ray.get(start_collect(sampler, [EpisodeRequest(task_id=0, group=0, seed=1, horizon=2)]))
+    finally:
+        ray.kill(sampler)
+    assert not episode.failed and len(episode.actions) == 2
+    system = episode.messages[0]["content"]
+    assert "Call one tool a turn" in system and '"name": "add"' in system and "Action: <tool name>" not in system
+    assert "5.0" in episode.messages[3]["content"]  # the call's result, the observation after the first turn
 
 
 @pytest.mark.slow
