@@ -259,6 +259,8 @@ class EpisodeBook:
         episode.last_active = self.clock()
         if not episode.turn_spans:
             return self._prepare_opening(episode, messages, max_new_tokens, call, list(functions), list(prefix_ids))
+        if episode.mismatch is not None:  # nothing more of it is recorded
+            return self._client_rendering(messages, functions, prefix_ids)
         known = episode.messages
         new = messages[len(known) :]
         roles = [m["role"] for m in new]
@@ -272,18 +274,10 @@ class EpisodeBook:
                 "messages",
             )
         changed = self._first_change(known, messages) or self._tools_change(episode.functions, list(functions))
-        if changed is not None or episode.mismatch is not None:
-            if changed is not None and episode.mismatch is None:
-                episode.mismatch = changed
-                self.counters["mismatched"] += 1
-            # Served from the client's own text; nothing of it is recorded.
-            try:
-                ids = self.chat.prompt_ids(messages, functions) + list(prefix_ids)
-            except ToolFormatError as exc:
-                return self._refuse(400, str(exc), "invalid_episode_call", "messages")
-            if len(ids) > self.max_prompt_tokens:
-                return self._refuse(400, self._budget_message(len(ids), 0), "context_length_exceeded", "messages")
-            return Prepared(prompt_ids=ids, recorded=False)
+        if changed is not None:
+            episode.mismatch = changed
+            self.counters["mismatched"] += 1
+            return self._client_rendering(messages, functions, prefix_ids)
         if roles[0] == "tool":
             answered = self._answered_calls(known[-1].get("tool_calls") or [], new)
             if isinstance(answered, Refusal):
@@ -296,6 +290,19 @@ class EpisodeBook:
         episode.pending, episode.call = continuation, call
         episode.pending_messages = [self._kept(m) for m in messages[len(known) :]]
         return Prepared(prompt_ids=episode.token_ids + continuation, recorded=True)
+
+    def _client_rendering(
+        self, messages: list[Message], functions: Sequence[Function], prefix_ids: Sequence[int]
+    ) -> Prepared | Refusal:
+        """A call of a mismatched episode, served from the client's own history rendered whole; nothing of it is
+        recorded."""
+        try:
+            ids = self.chat.prompt_ids(messages, functions) + list(prefix_ids)
+        except ToolFormatError as exc:
+            return self._refuse(400, str(exc), "invalid_episode_call", "messages")
+        if len(ids) > self.max_prompt_tokens:
+            return self._refuse(400, self._budget_message(len(ids), 0), "context_length_exceeded", "messages")
+        return Prepared(prompt_ids=ids, recorded=False)
 
     def _prepare_opening(
         self,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import json
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
@@ -132,9 +133,12 @@ class EpisodeRecorder:
         logprobs: Sequence[float],
         weights_version: int,
         finish_reason: str | None,
-        text: str,
+        content: str | None,
+        calls: Sequence[ToolCall] = (),
     ) -> None:
-        """Keep the sampled reply (``text``: as the client got it); a refusal from the book raises."""
+        """Keep the sampled reply: its ids and log-probs, whether the engine cut it (``finish_reason``, the
+        engine's), and the reply as the client got it (``content`` and ``calls``, with the ids it returned). A
+        refusal from the book raises."""
         answered(
             await self.book.record.remote(
                 self.token,
@@ -142,8 +146,9 @@ class EpisodeRecorder:
                 list(logprobs),
                 weights_version,
                 finish_reason == "length",
-                text,
+                content,
                 call=self.call,
+                tool_calls=list(calls),
             )
         )
         self.done = True
@@ -404,27 +409,43 @@ class PolicyAPI:
         if (body.n or 1) != 1:
             raise APIError(400, f"a call of an episode samples one reply; n must be 1 (got {body.n})", param="n")
         params = self.sampling(body)
+        use = self.tool_use(body)
+        messages = messages_of(body)
+        # A forced call's opening is put after the prompt as ids: the book records them, unsampled.
+        prefix_ids = self.chat.encode(use.prefix) if use.prefix else []
         # The call's id is chosen here, so a call cancelled before the book answered can still be given up.
         recorder = EpisodeRecorder(self.book, token, uuid.uuid4().hex)
         try:
-            prepare = self.book.prepare.remote(token, messages_of(body), params.max_new_tokens, call=recorder.call)
+            prepare = self.book.prepare.remote(
+                token,
+                messages,
+                params.max_new_tokens,
+                call=recorder.call,
+                functions=use.functions,
+                prefix_ids=prefix_ids,
+            )
             prepared = answered(await prepare)
             request = CompletionRequest(prompt_ids=prepared.prompt_ids, params=params, seed=body.seed)
             recording = recorder if prepared.recorded else None  # a call served from the client's text records none
             recorder.done = recording is None
             if body.stream:
                 weights_version, stream = await self.open_stream(request)
-                return self.event_stream(body, request, weights_version, stream, recording)
+                return self.event_stream(body, request, weights_version, stream, recording, use)
             result = await self.policy.generate(request)
-            completion = self.completion(body, request, result)
+            completion = self.completion(body, request, result, use)
             if recording is not None:
-                choice = result.choices[0]
+                choice, message = result.choices[0], completion.choices[0].message
+                calls = [
+                    ToolCall(id=c.id, name=c.function.name, arguments=json.loads(c.function.arguments))
+                    for c in message.tool_calls or ()
+                ]
                 await recording.record(
                     choice.token_ids,
                     choice.logprobs,
                     result.weights_version,
                     choice.finish_reason,
-                    completion.choices[0].message.content,
+                    message.content,
+                    calls,
                 )
             return completion
         except BaseException:
@@ -533,7 +554,8 @@ class PolicyAPI:
         generated = 0
         sampled: list[int] = []
         logprobs_sampled: list[float] = []
-        finish_reason = None
+        finish_reason = engine_finish = None
+        read: ToolReply | None = None  # choice 0 read as calls, when ``use`` reads calls
         try:
             for index in range(request.n):
                 yield event([ChunkChoice(index=index, delta=Delta(role="assistant", content=""))])
@@ -544,7 +566,7 @@ class PolicyAPI:
                     if recorder is not None:
                         sampled += delta.token_ids
                         logprobs_sampled += delta.logprobs
-                        finish_reason = delta.finish_reason or finish_reason
+                        engine_finish = delta.finish_reason or engine_finish
                     reader = replies[delta.choice] if readers is None else readers[delta.choice]
                     text = reader.push(delta.token_ids)
                     finish_reason, calls = delta.finish_reason, []
@@ -553,6 +575,7 @@ class PolicyAPI:
                     elif finish_reason is not None:
                         rest, message = readers[delta.choice].finish(finish_reason)
                         text += rest
+                        read = message
                         finish_reason, calls = self.counted(message).finish_reason, message.calls
                     logprobs = None
                     if body.logprobs:
@@ -568,7 +591,8 @@ class PolicyAPI:
                     for chunk in call_chunks(delta.choice, calls):
                         yield event([chunk])
             if recorder is not None:
-                await recorder.record(sampled, logprobs_sampled, weights_version, finish_reason, replies[0].text)
+                content, calls = (read.content, read.calls) if read is not None else (replies[0].text, [])
+                await recorder.record(sampled, logprobs_sampled, weights_version, engine_finish, content, calls)
             if body.stream_options is not None and body.stream_options.include_usage:
                 yield event([], _usage(len(request.prompt_ids), generated))
             yield "data: [DONE]\n\n"

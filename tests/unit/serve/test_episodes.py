@@ -321,6 +321,10 @@ def test_a_client_that_changed_a_call_is_served_but_the_episode_never_trains(cha
     assert prepared.prompt_ids == tools.prompt_ids(sent, FUNCTIONS)  # the client's own history, rendered
     mismatch = tool_book.describe(token)["mismatch"]
     assert mismatch.startswith("turn 2's assistant reply differs") and reason in mismatch, mismatch
+    # its later calls (the history grows by a reply and its results each time) are served the same way
+    later = [*sent, {"role": "assistant", "content": None, "tool_calls": last}, *results(last, "again")]
+    served = tool_book.prepare(token, later, 16, call="later", functions=FUNCTIONS)
+    assert isinstance(served, Prepared) and served.prompt_ids == tools.prompt_ids(later, FUNCTIONS)
     assert tool_book.close(token, reward=1.0, rewards=None)["trainable"] is False
     assert tool_book.harvest() == [] and tool_book.stats()["mismatched"] == 1
 
