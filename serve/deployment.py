@@ -33,6 +33,7 @@ from ray import serve
 from agentgym_rl.actors.adapters import policy_source
 from agentgym_rl.actors.engines import ChoiceDelta, CompletionRequest, ServingEngine, make_serving_engine
 from agentgym_rl.actors.model_store import load_tokenizer
+from agentgym_rl.actors.tool_formats import ToolTemplate
 from agentgym_rl.actors.weights import WeightsPayload
 from agentgym_rl.configs.schema import ServeConfig, VLLMConfig
 from agentgym_rl.envs.actor import hide_unreserved_gpus
@@ -62,7 +63,7 @@ def shared_actor(cls: type, name: str, *args: Any, **kwargs: Any) -> ray.actor.A
 
 
 def episode_store(
-    app_name: str, source: str, limits: ServeConfig, *, tool_format: str = "hermes", tool_template: str = "auto"
+    app_name: str, source: str, limits: ServeConfig, *, tool_format: str, tool_template: ToolTemplate
 ) -> ray.actor.ActorHandle:
     """The application's ``EpisodeBook`` actor: an episode's calls may reach any replica. It renders and reads tool
     calls as the replicas do (``model.tool_format``, ``model.tool_template``)."""
