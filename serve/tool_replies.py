@@ -75,7 +75,9 @@ def tool_reply(
 
 class ToolReplyText:
     """The streamed text of one choice of a request that reads calls: content goes out as soon as it surely is
-    content (up to a call's opening, or a tail that could still become one), the calls once the choice ends.
+    content (up to a call's opening, or a tail that could still become one; blank text once more text follows
+    it), the calls once the choice ends. The content streamed equals the whole reply's unless the reply starts
+    with blank text and then makes calls (the whole reply's content is stripped; the stream sent that blank).
 
     Args:
         reply: the choice's text as its tokens arrive (stop strings cut).
@@ -91,7 +93,8 @@ class ToolReplyText:
     def push(self, token_ids: tuple[int, ...] | list[int]) -> str:
         """Add sampled ids; returns the new content that is now safe to send (maybe empty)."""
         self.known += self.reply.push(token_ids)
-        return self._emit(self.format.content_end(self.known))
+        # Blank text goes out once more content follows it: a reply's content ends stripped when calls follow.
+        return self._emit(len(self.known[: self.format.content_end(self.known)].rstrip()))
 
     def finish(self, finish_reason: Literal["stop", "length"]) -> tuple[str, ToolReply]:
         """Once the choice ended: the content not sent yet, and the reply read whole."""
@@ -99,9 +102,10 @@ class ToolReplyText:
         result = tool_reply(self.format, self.known, finish_reason, parallel=self.use.parallel)
         if not result.calls:
             return self._emit(len(self.known)), result
-        # The content before the first call went out as it came; what the parse finds outside the calls after
-        # it (text between or after them) follows. The whole reply strips the content's edges, a stream cannot.
-        sent, content = self.known[: self.sent].strip(), result.content or ""
+        # The content before the first call went out as it came; the text the parse finds outside the calls after
+        # it (between or after them) follows. The whole reply strips the content's edges: so does this, except
+        # for blank text the reply started with (sent before anyone could know that calls follow).
+        sent, content = self.known[: self.sent].lstrip(), result.content or ""
         return (content[len(sent) :] if content.startswith(sent) else ""), result
 
     def _emit(self, end: int) -> str:

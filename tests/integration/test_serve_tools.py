@@ -108,9 +108,7 @@ def test_auto_reads_parallel_calls_and_the_text_around_them_and_parallel_false_k
 
     with client.chat.completions.stream(**{**request, "n": 1}) as stream:
         streamed = stream.get_final_completion().choices[0]
-    assert streamed.message.content.strip() == "Looking first." and calls_of(streamed.message) == calls_of(
-        choice.message
-    )
+    assert streamed.message.content == "Looking first." and calls_of(streamed.message) == calls_of(choice.message)
 
     first = client.chat.completions.create(**request, parallel_tool_calls=False).choices[0]
     assert first.finish_reason == "tool_calls" and calls_of(first.message) == [("look", {})]

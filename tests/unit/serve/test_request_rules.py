@@ -13,6 +13,8 @@ from agentgym_rl.serve.routes import PolicyAPI, build_api
 
 LIMITS = ServeConfig(max_tokens=64, max_n=2)
 MESSAGES = [{"role": "user", "content": "hi"}]
+TOOL = {"type": "function", "function": {"name": "move", "parameters": {"type": "object", "properties": {}}}}
+CALL = {"id": "call_1", "type": "function", "function": {"name": "move", "arguments": "{}"}}
 
 
 async def _never() -> bool:
@@ -35,8 +37,13 @@ def accepted_by_server(model: type[pydantic.BaseModel], body: dict, limits: Serv
         request = model.model_validate(body)
     except pydantic.ValidationError:
         return False
-    if isinstance(request, ChatCompletionRequest):  # the caps the routes check (400 beyond)
-        return (request.requested_tokens or 0) <= limits.max_tokens and (request.n or 1) <= limits.max_n
+    if isinstance(request, ChatCompletionRequest):  # the caps the routes check (400 beyond), and tools to call
+        compulsory = request.tool_choice not in (None, "none", "auto")
+        return (
+            (request.requested_tokens or 0) <= limits.max_tokens
+            and (request.n or 1) <= limits.max_n
+            and not (compulsory and not request.tools)
+        )
     return True
 
 
@@ -60,8 +67,28 @@ def accepted_by_server(model: type[pydantic.BaseModel], body: dict, limits: Serv
         {"stop": ""},
         {"stop": ["a", "b", "c", "d", "e"]},
         {"stop": ["a", "b"]},
+        {"tools": [TOOL]},
+        {"tools": [TOOL], "tool_choice": "required", "parallel_tool_calls": False},
+        {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "move"}}},
+        {"tool_choice": "required"},
+        {"tool_choice": {"type": "function", "function": {"name": "move"}}},
+        {"tools": [], "tool_choice": "required"},
+        {"tool_choice": "none"},
+        {"tools": [{"type": "function", "function": {"name": "move", "parameters": {"type": "string"}}}]},
+        {"tools": [{"type": "function", "function": {"name": "move", "parameters": {}}}]},
+        {"tools": [{"type": "function", "function": {"name": "no spaces"}}]},
+        {"tools": [{"type": "retrieval", "function": {"name": "move"}}]},
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]},
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        {"messages": [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [CALL]}]},
+        {"messages": [*MESSAGES, {"role": "assistant", "tool_calls": [CALL]}, {"role": "tool", "tool_call_id": "call_1", "content": "ok"}]},
+        {"messages": [*MESSAGES, {"role": "assistant", "content": None}]},
+        {"messages": [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": []}]},
+        {"messages": [*MESSAGES, {"role": "assistant", "content": "ok", "tool_calls": []}]},
+        {"messages": [*MESSAGES, {"role": "tool", "content": "ok"}]},
+        {"messages": [{"role": "developer", "content": "hi"}]},
     ],
-)
+)  # fmt: skip
 def test_a_chat_body_passes_the_schema_exactly_when_the_server_takes_it(schemas, extra):
     body = {"model": "policy", "messages": MESSAGES, **extra}
     assert accepted_by_schema(schemas, "ChatCompletionRequest", body) == accepted_by_server(
