@@ -360,7 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="serve.KEY=VALUE",
-        help="a serve setting (engine, max_batch_size, kv_cache_tokens, max_queued_requests, max_n, ...); repeatable",
+        help="a serve setting (engine, max_batch_size, kv_cache_tokens, max_queued_requests, max_n, ...), or "
+        "model.tool_format / model.tool_template (how tool calls are written and rendered); repeatable",
     )
     p_serve.set_defaults(func=cmd_serve)
 

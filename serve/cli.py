@@ -11,23 +11,29 @@ from pydantic import ValidationError
 from agentgym_rl.actors.cluster import SHUTDOWN_GRACE_S, deadline, init_ray, ray_address, stop_on_signals
 from agentgym_rl.configs import Config
 from agentgym_rl.configs.loader import ConfigError, apply_override, format_validation_error
-from agentgym_rl.configs.schema import ServeConfig
 from agentgym_rl.serve.app import ServeArgs, ServeError, start_server, stop_server
 
+# The model settings `agentgym-rl serve` takes besides serve.*: how tool calls are written and rendered.
+MODEL_KEYS = ("model.tool_format", "model.tool_template")
 
-def serve_config(args: argparse.Namespace) -> ServeConfig:
-    """The ``serve`` section from ``--host``, ``--port``, ``--api-key`` and then each ``--set serve.KEY=VALUE``.
+
+def serve_config(args: argparse.Namespace) -> Config:
+    """The ``serve`` section from ``--host``, ``--port``, ``--api-key`` and then each ``--set serve.KEY=VALUE``,
+    and the model's tool settings from ``--set model.tool_format=...`` / ``model.tool_template=...``.
 
     Raises:
-        ConfigError: an override outside ``serve.``, or a value the section refuses (named with its key).
+        ConfigError: an override of another key, or a value the section refuses (named with its key).
     """
     data: dict = {"serve": {"host": args.host, "port": args.port, "api_key": args.api_key}}
     for item in args.set:
-        if not item.startswith("serve."):
-            raise ConfigError(f"--set {item!r}: `agentgym-rl serve` takes serve.* keys (e.g. serve.max_batch_size=8)")
+        if not item.startswith("serve.") and item.partition("=")[0] not in MODEL_KEYS:
+            raise ConfigError(
+                f"--set {item!r}: `agentgym-rl serve` takes serve.* keys (e.g. serve.max_batch_size=8) and "
+                f"{', '.join(MODEL_KEYS)}"
+            )
         apply_override(data, item)
     try:
-        return Config.model_validate(data).serve
+        return Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, "--set")) from exc
 
@@ -39,8 +45,15 @@ def run_serve(args: argparse.Namespace) -> int:
         ConfigError, ServeError: bad settings, a bad checkpoint, or too few free CPUs (the CLI prints them).
         Stopped: SIGINT or SIGTERM, once Serve and Ray are shut down.
     """
+    config = serve_config(args)
     try:
-        serve_args = ServeArgs(checkpoint=args.checkpoint, model=args.model, serve=serve_config(args))
+        serve_args = ServeArgs(
+            checkpoint=args.checkpoint,
+            model=args.model,
+            tool_format=config.model.tool_format,
+            tool_template=config.model.tool_template,
+            serve=config.serve,
+        )
     except ValidationError as exc:
         raise ServeError("; ".join(err["msg"].removeprefix("Value error, ") for err in exc.errors())) from None
     ray_config = Config()
