@@ -303,13 +303,15 @@ def policy_openapi() -> dict[str, Any]:
 
 
 def env_server_openapis() -> list[tuple[str, dict[str, Any]]]:
-    """One schema per protocol, from the env-server app of an env that speaks it."""
+    """One schema per protocol, from the env-server app of an env that speaks it; OpenEnv's last."""
     from agentgym_rl.envs.http.models import default_protocol
     from agentgym_rl.envs.http.server import build_app
+    from agentgym_rl.envs.openenv.server import build_openenv_app
 
     apis = []
     for env in ("babyai", "textcraft", "sciworld", "search", "web"):
         apis.append((f"{default_protocol(env)} (env {env})", build_app(env).openapi()))
+    apis.append(("openenv (env babyai)", build_openenv_app("babyai").openapi()))
     return apis
 
 
@@ -339,8 +341,10 @@ def main() -> None:
         "reference/env-server-api.md": openapi_reference(
             "Env server HTTP API",
             "The routes of `agentgym-rl env-server ENV`, in the shapes of the AgentGym server that mirrors "
-            "each env, so AgentGym's own clients work unmodified. Each protocol is listed with an env that "
-            "speaks it. Generated from the apps' OpenAPI schemas (also served at `/openapi.json`).",
+            "each env, so AgentGym's own clients work unmodified, and with `--protocol openenv` OpenEnv's "
+            "(its WebSocket session at `/ws` and the per-env models of `/schema` are in the how-to "
+            "[Serve an env over OpenEnv](../how-to/openenv-server.md)). Each protocol is listed with an env "
+            "that speaks it. Generated from the apps' OpenAPI schemas (also served at `/openapi.json`).",
             env_server_openapis(),
         ),
     }
