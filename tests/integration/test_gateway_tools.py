@@ -48,8 +48,11 @@ set_tracing_disabled(True)  # the SDK would send traces to OpenAI
 
 
 # --8<-- [start:agent]
-async def play_babyai(policy: str, model: str, task_id: int, group: str, http_client=None) -> dict:
-    """One BabyAI game played by an Agents SDK agent as one episode of the endpoint; returns its account."""
+async def play_babyai(
+    policy: str, model: str, task_id: int, group: str, *, stream: bool = False, http_client=None
+) -> dict:
+    """One BabyAI game played by an Agents SDK agent as one episode of the endpoint (``stream``: the model's
+    replies read as they are streamed); returns its account."""
     endpoint = httpx.AsyncClient(base_url=policy, timeout=30)
     opened = await endpoint.post("/v1/episodes", json={"env": "babyai", "task_id": task_id, "group": group})
     episode = opened.json()
@@ -90,7 +93,12 @@ async def play_babyai(policy: str, model: str, task_id: int, group: str, http_cl
         # The episode token tags every call the agent makes.
         model_settings=ModelSettings(max_tokens=MAX_TOKENS, extra_headers={"X-Episode-Token": episode["token"]}),
     )
-    result = await Runner.run(agent, first.text, max_turns=6)
+    if stream:
+        result = Runner.run_streamed(agent, first.text, max_turns=6)
+        async for _ in result.stream_events():
+            pass
+    else:
+        result = await Runner.run(agent, first.text, max_turns=6)
     closed = await endpoint.post(
         f"/v1/episodes/{episode['id']}/reward",
         json={"reward": max((step.reward for step in steps), default=0.0)},
@@ -284,11 +292,14 @@ def test_an_agents_sdk_agent_trains_a_gateway_run_on_exactly_what_the_replica_sa
         for label, echo in (("edited", edited), ("re-serialized", re_serialized), ("as-is", as_is)):
             plain_client_episode(policy, label, transcripts, echo)
 
-        # Iteration 2: two games of the Agents SDK agent.
+        # Iteration 2: two games of the Agents SDK agent, one of them streamed.
         async def two_games() -> list[dict]:
             hooks = {"request": [transcripts.async_hook]}
             async with httpx.AsyncClient(timeout=120, event_hooks=hooks) as http:
-                return [await play_babyai(policy, TINY_RANDOM, TASK, "sdk", http) for _ in range(2)]
+                return [
+                    await play_babyai(policy, TINY_RANDOM, TASK, "sdk", stream=stream, http_client=http)
+                    for stream in (False, True)
+                ]
 
         games = asyncio.run(two_games())
         thread.join(timeout=300)
@@ -317,6 +328,7 @@ def test_an_agents_sdk_agent_trains_a_gateway_run_on_exactly_what_the_replica_sa
         )
     )
     episodes = {token: replay(calls, tools, engine) for token, calls in transcripts.calls.items()}
+    assert sum(all(body.get("stream") for body in calls) for calls in transcripts.calls.values()) == 1
     by_iteration = trained(run_dir.path)
     assert sorted(by_iteration) == [0, 1]
     for iteration, trajectories in by_iteration.items():
