@@ -12,14 +12,18 @@ it needs ``websockets``, which the ``openenv`` extra installs.
 
 - Actions: the text after the reply's last ``Action:`` (or the whole reply, ``parse: reply``) goes into the
   action field (``action_field``; by default the one string field of the server's action schema), together
-  with the fixed ``action_defaults``. With ``tools: true`` the server is an OpenEnv MCP environment: its tools
-  (a ``list_tools`` action) are the env's functions (``env.action_format: tools``) and a call is sent as a
-  ``call_tool`` action; in text format the reply ends with ``Action: {"name": ..., "arguments": {...}}``.
+  with the fixed ``action_defaults``. With ``tools``, the server's actions are tool calls, offered as the env's
+  functions (``env.action_format: tools``): ``mcp``, an OpenEnv MCP environment's tools (a ``list_tools`` action),
+  each call sent as a ``call_tool`` action; ``action-schema``, the functions the action schema lists in its call
+  field (``{"name": {"const": ...}, "arguments": {...}}`` variants, as this project's server describes an env's
+  functions), each call sent in that field. In text format the reply ends with
+  ``Action: {"name": ..., "arguments": {...}}``.
 - Observations: the fields named in ``observation_fields`` (by default every field but ``reward``, ``done``
   and ``metadata``) make the text the model reads; the server's ``metadata`` becomes the step's info.
 - Tasks: ``tasks(split)`` numbers the tasks of every split in one sequence, split after split (so a task id
   names its split): from ``splits`` when given (ids, or a count per split), else from the server's task API.
-  ``reset(task_id)`` sends ``reset_args`` with the task's id, split and index filled in.
+  ``reset(task_id)`` sends ``reset_args`` with the task's id, split and index filled in (by default the task
+  API's ``split`` and ``index``, or ``seed`` = the task id when ``splits`` lists the tasks).
 - ``command`` starts a server per env instance (on a free port when it holds ``{port}``), waits until its
   ``/health`` answers, and stops it on ``close``.
 
@@ -93,7 +97,7 @@ class OpenEnvClient(TextEnv):
         action_field: str | None = Field(
             default=None,
             description="Field of the server's action JSON that receives the model's action text. None: the one "
-            "string field of the action schema (GET /schema).",
+            "string (or optional string) field of the action schema (GET /schema).",
         )
         action_defaults: dict[str, Any] = Field(
             default_factory=dict, description="Fixed fields sent with every action, beside `action_field`."
@@ -124,16 +128,18 @@ class OpenEnvClient(TextEnv):
             description="The env's name in the server's task API routes (/{env_name}/splits). None: the first "
             "name GET /list_environments answers.",
         )
-        reset_args: dict[str, Any] = Field(
-            default_factory=lambda: {"seed": "{task_id}", "split": "{split}", "index": "{index}"},
+        reset_args: dict[str, Any] | None = Field(
+            default=None,
             description="Arguments of each reset; the strings '{task_id}', '{split}' and '{index}' (the task's "
-            "position in its split) are filled in. The server passes an environment's reset only the arguments "
-            "its signature takes.",
+            "position in its split) are filled in. None: {split, index}, OpenEnv's task API convention, when the "
+            "tasks come from the server's task API; {seed: task_id} when they come from `splits`.",
         )
-        tools: bool = Field(
-            default=False,
-            description="The server is an OpenEnv MCP environment: its tools are offered as functions "
-            "(env.action_format: tools) and each call is sent as a call_tool action.",
+        tools: Literal["mcp", "action-schema"] | None = Field(
+            default=None,
+            description="The server's actions are tool calls, offered as functions (env.action_format: tools): "
+            "'mcp' an OpenEnv MCP environment's tools, each call sent as a call_tool action; 'action-schema' the "
+            "functions listed by the action schema's call field (a `oneOf` of {name: {const}, arguments}), each "
+            "call sent in that field. None: the action is text.",
         )
         timeout: float = Field(default=60.0, gt=0, description="Seconds to wait for one request or step answer.")
         token: str | None = Field(default=None, description="Bearer token, when the server requires one.")
@@ -148,7 +154,7 @@ class OpenEnvClient(TextEnv):
             if self.command is not None and "{port}" in self.command and "{port}" not in self.base_url:
                 raise ValueError("`command` holds {port} but base_url does not: write base_url as http://HOST:{port}")
             if self.tools and (self.action_field is not None or self.action_defaults):
-                raise ValueError("with `tools` the action is a call_tool action: leave action_field and defaults out")
+                raise ValueError("with `tools` the action is a tool call: leave action_field and action_defaults out")
             return self
 
     def __init__(self, **options: Any) -> None:
@@ -189,8 +195,11 @@ class OpenEnvClient(TextEnv):
                 f"unknown split {split!r} of the OpenEnv server at {self.base_url}; its splits: "
                 f"{', '.join(splits) or 'none'} (set env.options.splits to name others)"
             )
-        if not self.options.tools:  # a server whose actions the options cannot fill fails here, before any episode
+        # A server whose actions the options cannot fill fails here, before any episode.
+        if self.options.tools is None:
             self._action_field  # noqa: B018
+        elif self.options.tools == "action-schema":
+            self._schema_tools  # noqa: B018
         return list(splits[split])
 
     def parse_action(self, model_text: str) -> str | InvalidAction:
@@ -217,7 +226,7 @@ class OpenEnvClient(TextEnv):
         """
         split, index = self._locate(task_id)
         fill = {"{task_id}": task_id, "{split}": split, "{index}": index}
-        args = {key: _filled(value, fill) for key, value in self.options.reset_args.items()}
+        args = {key: _filled(value, fill) for key, value in self._reset_args.items()}
         self._episode = False
         data = self._exchange("reset", args)
         self._episode = True
@@ -235,9 +244,11 @@ class OpenEnvClient(TextEnv):
         action = self.parse_action(action_text)
         if isinstance(action, InvalidAction):
             return StepResult(observation=action.reason, reward=0.0, done=False, info={"action_valid": False})
-        if self.options.tools:
+        if self.options.tools == "mcp":
             call = json.loads(action)
             body = {"type": "call_tool", "tool_name": call["name"], "arguments": call["arguments"]}
+        elif self.options.tools == "action-schema":
+            body = {self._schema_tools[0]: json.loads(action)}
         else:
             body = {**self.options.action_defaults, self._action_field: action}
         data = self._exchange("step", body)
@@ -254,12 +265,15 @@ class OpenEnvClient(TextEnv):
         )
 
     def functions(self) -> list[Function]:
-        """With ``tools``, the server's tools (a ``list_tools`` action, asked once); otherwise none.
+        """With ``tools``, the server's tools (asked once: a ``list_tools`` action, or the action schema); otherwise
+        none.
 
         Raises:
             OpenEnvError: the server failed, or its tool list is not one.
         """
-        return list(self._tools) if self.options.tools else []
+        if self.options.tools == "mcp":
+            return list(self._mcp_tools)
+        return list(self._schema_tools[1]) if self.options.tools == "action-schema" else []
 
     def action_text(self, call: ToolCall) -> str:
         """The call as the text format writes it: ``Action: {"name": ..., "arguments": {...}}``.
@@ -268,7 +282,7 @@ class OpenEnvClient(TextEnv):
             EnvError: ``tools`` is off, so the env has no functions.
         """
         if not self.options.tools:
-            raise EnvError("the openenv env offers functions only with env.options.tools: true")
+            raise EnvError("the openenv env offers functions only with env.options.tools (mcp or action-schema)")
         return "Action: " + json.dumps({"name": call.name, "arguments": call.arguments})
 
     def close(self) -> None:
@@ -367,17 +381,8 @@ class OpenEnvClient(TextEnv):
         """
         if self.options.action_field is not None:
             return self.options.action_field
-        schema = self._http_json("GET", "/schema")
-        action = schema.get("action") if isinstance(schema, dict) else None
-        if not isinstance(action, dict):
-            raise OpenEnvError(
-                f"GET {self.base_url}/schema answered {json.dumps(schema)[:200]}, without OpenEnv's action schema; "
-                "set env.options.action_field"
-            )
-        properties = {key: value for key, value in action.get("properties", {}).items() if key != "metadata"}
-        strings = [
-            key for key, value in properties.items() if isinstance(value, dict) and value.get("type") == "string"
-        ]
+        properties = {k: v for k, v in self._action_schema.get("properties", {}).items() if k != "metadata"}
+        strings = [key for key, value in properties.items() if _is_string(value)]
         if len(strings) != 1:
             raise EnvError(
                 f"the action schema of the OpenEnv server at {self.base_url} has fields {sorted(properties)} "
@@ -385,6 +390,56 @@ class OpenEnvClient(TextEnv):
                 "into (and env.options.action_defaults to fixed values of the others)"
             )
         return strings[0]
+
+    @functools.cached_property
+    def _action_schema(self) -> dict[str, Any]:
+        """The server's action schema (``GET /schema``'s ``action``)."""
+        schema = self._http_json("GET", "/schema")
+        action = schema.get("action") if isinstance(schema, dict) else None
+        if not isinstance(action, dict):
+            raise OpenEnvError(
+                f"GET {self.base_url}/schema answered {json.dumps(schema)[:200]}, without OpenEnv's action schema; "
+                "set env.options.action_field"
+            )
+        return action
+
+    @functools.cached_property
+    def _schema_tools(self) -> tuple[str, tuple[Function, ...]]:
+        """The action schema's call field and the functions its variants list.
+
+        Raises:
+            EnvError: no field of the action schema is a choice of calls.
+        """
+        defs = self._action_schema.get("$defs", {})
+        for field, schema in self._action_schema.get("properties", {}).items():
+            variants = _resolved(schema, defs).get("oneOf")
+            names = [(v.get("properties") or {}).get("name") for v in variants or [] if isinstance(v, dict)]
+            if (
+                not variants
+                or len(names) != len(variants)
+                or not all(isinstance(n, dict) and "const" in n for n in names)
+            ):
+                continue
+            try:
+                functions = tuple(
+                    Function(
+                        name=name["const"],
+                        description=name.get("description") or "",
+                        parameters=_resolved(variant["properties"].get("arguments", {"type": "object"}), defs),
+                    )
+                    for name, variant in zip(names, variants, strict=True)
+                )
+            except pydantic.ValidationError as exc:
+                raise OpenEnvError(
+                    f"the action schema of the OpenEnv server at {self.base_url} lists calls in {field!r} that are "
+                    f"not functions: {exc}"
+                ) from exc
+            return field, functions
+        raise EnvError(
+            f"the action schema of the OpenEnv server at {self.base_url} has no field that is a choice of calls "
+            "({name: {const}, arguments} variants); set env.options.tools to mcp for an MCP environment, or leave "
+            "it out to send text"
+        )
 
     # ----------------------------------------------------------------------------------------------- the tasks
 
@@ -434,6 +489,12 @@ class OpenEnvClient(TextEnv):
             f"the OpenEnv server at {self.base_url} has no task API ({answer}); list its tasks in env.options.splits, "
             "e.g. {train: 100, test: 20}"
         )
+
+    @property
+    def _reset_args(self) -> dict[str, Any]:
+        if self.options.reset_args is not None:
+            return self.options.reset_args
+        return {"seed": "{task_id}"} if self.options.splits else {"split": "{split}", "index": "{index}"}
 
     def _locate(self, task_id: int) -> tuple[str, int]:
         """The split ``task_id`` is in and its position there."""
@@ -535,7 +596,7 @@ class OpenEnvClient(TextEnv):
         return "\n".join(f"{field}: {_as_text(observation[field])}" for field in shown)
 
     @functools.cached_property
-    def _tools(self) -> tuple[Function, ...]:
+    def _mcp_tools(self) -> tuple[Function, ...]:
         """The server's tools, from a ``list_tools`` action."""
         data = self._exchange("step", {"type": "list_tools"})
         tools = (data or {}).get("observation", {}).get("tools")
@@ -547,7 +608,7 @@ class OpenEnvClient(TextEnv):
         except (TypeError, KeyError, pydantic.ValidationError) as exc:
             raise OpenEnvError(
                 f"the OpenEnv server at {self.base_url} answered list_tools with {json.dumps(tools)[:200]}, not a "
-                f"list of tools ({exc}); is it an MCP environment? Otherwise set env.options.tools: false"
+                f"list of tools ({exc}); is it an MCP environment? Otherwise leave env.options.tools out"
             ) from exc
 
 
@@ -560,6 +621,22 @@ def _filled(value: Any, fill: dict[str, Any]) -> Any:
     for placeholder, replacement in fill.items():
         value = value.replace(placeholder, str(replacement))
     return value
+
+
+def _resolved(schema: Any, defs: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` through an optional's ``anyOf`` with null and a ``$ref`` into ``$defs`` (pydantic's shapes)."""
+    if not isinstance(schema, dict):
+        return {}
+    variants = [v for v in schema.get("anyOf", []) if isinstance(v, dict) and v.get("type") != "null"]
+    if len(variants) == 1:
+        schema = variants[0]
+    ref = schema.get("$ref", "")
+    return defs.get(ref.removeprefix("#/$defs/"), {}) if ref.startswith("#/$defs/") else schema
+
+
+def _is_string(schema: Any) -> bool:
+    """Whether a JSON Schema property is a string, or an optional one."""
+    return _resolved(schema, {}).get("type") == "string"
 
 
 def _metadata(data: dict[str, Any]) -> dict[str, Any]:

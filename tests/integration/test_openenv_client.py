@@ -48,15 +48,15 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def guess_server(*flags: str) -> Iterator[str]:
-    """The guess env's server in its own process (so that it can die); yields its URL."""
+def server_process(*command: str) -> Iterator[str]:
+    """``command`` (given ``--port N`` here) in its own process, so that it can die; yields its URL once healthy."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    process = subprocess.Popen([*GUESS_SERVER.split(), "--port", str(port), *flags], cwd=REPO)
+    process = subprocess.Popen([*command, "--port", str(port)], cwd=REPO)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while not _healthy(url):
-            assert process.poll() is None and time.monotonic() < deadline, "the guess server did not start"
+            assert process.poll() is None and time.monotonic() < deadline, f"{command} did not start"
             time.sleep(0.1)
         yield url
     finally:
@@ -287,7 +287,7 @@ def test_an_mcp_environments_tools_are_functions(calculator_url):
         "openenv",
         {
             "base_url": calculator_url,
-            "tools": True,
+            "tools": "mcp",
             "splits": {"train": [4]},
             "observation_fields": ["result", "error"],
         },
@@ -311,7 +311,33 @@ def test_an_mcp_environments_tools_are_functions(calculator_url):
         env.close()
 
 
-# tiny-random through the real CLI on the guess env: its whole reply is the guess; 2 tasks x 2 samples an iteration.
+def test_this_projects_server_plays_by_text_and_by_the_functions_its_action_schema_lists():
+    from agentgym_rl.envs.openenv.server import build_openenv_app
+
+    babyai = make("babyai", {"levels": ["GoToRedBall"]})
+    with serve(build_openenv_app("babyai", {"levels": ["GoToRedBall"]}, max_envs=4)) as url:
+        text = make("openenv", {"base_url": url, "parse": "reply", "observation_fields": ["text"]})
+        tools = make("openenv", {"base_url": url, "tools": "action-schema", "observation_fields": ["text"]})
+        try:
+            # the task API numbers the test split after the train split; `text` is the action's one string field
+            test = list(text.tasks("test"))
+            assert len(test) == len(babyai.tasks("test")) and test[0] == len(babyai.tasks("train"))
+            first = text.reset(test[0]).text
+            assert first.startswith("Your goal: go to")
+            assert text.step("Action: turn left").info["action_valid"]
+            # the functions are BabyAI's own, from the action schema's `tool_call` field
+            assert [f.name for f in tools.functions()] == [f.name for f in babyai.functions()]
+            assert tools.reset(test[0]).text == first
+            action = tools.action_of_call(ToolCall(id="call_0", name="turn_left", arguments={}))
+            assert action == 'Action: {"name": "turn_left", "arguments": {}}'
+            assert tools.step(action).info["action_valid"]
+        finally:
+            text.close()
+            tools.close()
+            babyai.close()
+
+
+# tiny-random through the real CLI, its whole reply the action; 2 tasks x 2 samples an iteration.
 TRAIN = [
     "model.name=tiny-random",
     "warm_start.iterations=0",
@@ -327,11 +353,15 @@ TRAIN = [
 ]
 
 
-def train(url: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess, list[dict[str, Any]], Path]:
-    settings = [*TRAIN, f'env.options={{base_url: "{url}", parse: reply}}', f"run.dir={tmp_path}", "run.name=guess"]
+def train(
+    url: str, tmp_path: Path, options: dict[str, Any]
+) -> tuple[subprocess.CompletedProcess, list[dict[str, Any]], Path]:
+    """``agentgym-rl train`` with env ``openenv`` on the server at ``url``: its output, metrics and run directory."""
+    env_options = json.dumps({"base_url": url, **options})
+    settings = [*TRAIN, f"env.options={env_options}", f"run.dir={tmp_path}", "run.name=openenv"]
     result = run_cli("train", RECIPE, *[arg for item in settings for arg in ("--set", item)], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    run_dir = tmp_path / "guess"
+    run_dir = tmp_path / "openenv"
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return result, metrics, run_dir
 
@@ -339,7 +369,7 @@ def train(url: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess, list[d
 # docs/examples/openenv_train.py trains on an OpenEnv server in the CI tier (tests/e2e/test_examples.py).
 @pytest.mark.slow
 def test_train_two_iterations_on_an_openenv_server(guess_url, tmp_path):
-    _, metrics, run_dir = train(guess_url, tmp_path)
+    _, metrics, run_dir = train(guess_url, tmp_path, {"parse": "reply"})
     assert [(m["iteration"], m["rollout/failed"], m["rollout/episodes"]) for m in metrics] == [(0, 0, 4), (1, 0, 4)]
     assert all("learner/loss" in m for m in metrics)
     episodes = [json.loads(line) for line in (run_dir / "trajectories" / "iter_000001.jsonl").read_text().splitlines()]
@@ -350,9 +380,21 @@ def test_train_two_iterations_on_an_openenv_server(guess_url, tmp_path):
 @pytest.mark.slow
 def test_a_server_killed_mid_run_fails_its_episodes_and_the_run_goes_on(tmp_path):
     # The server exits at its 5th reset: iteration 0 plays its 4 episodes, iteration 1 finds the server gone.
-    with guess_server("--die-at-reset", "5") as url:
-        result, metrics, _ = train(url, tmp_path)
+    with server_process(*GUESS_SERVER.split(), "--die-at-reset", "5") as url:
+        result, metrics, _ = train(url, tmp_path, {"parse": "reply"})
     assert [(m["iteration"], m["rollout/failed"]) for m in metrics] == [(0, 0), (1, 4)]
     assert "learner/loss" in metrics[0]
     log = result.stdout + result.stderr
     assert re.search(rf"env actor failed; replacing it .*OpenEnvError: .*{re.escape(url.removeprefix('http://'))}", log)
+
+
+@pytest.mark.slow
+def test_train_two_iterations_on_this_projects_openenv_server(tmp_path):
+    # `agentgym-rl env-server babyai --protocol openenv`: its action field `text` receives the whole reply, which
+    # BabyAI parses as the in-process env would; the model reads the observation's `text`.
+    server = [str(Path(sys.executable).parent / "agentgym-rl"), "env-server", "babyai", "--protocol", "openenv"]
+    with server_process(*server, "--options", json.dumps({"levels": ["GoToRedBall"]})) as url:
+        _, metrics, run_dir = train(url, tmp_path, {"parse": "reply", "observation_fields": ["text"]})
+    assert [(m["iteration"], m["rollout/failed"], m["rollout/episodes"]) for m in metrics] == [(0, 0, 4), (1, 0, 4)]
+    episodes = [json.loads(line) for line in (run_dir / "trajectories" / "iter_000001.jsonl").read_text().splitlines()]
+    assert all(re.match("Your goal: go to (the|a) red ball", e["messages"][1]["content"]) for e in episodes)
