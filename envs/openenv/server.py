@@ -54,6 +54,7 @@ import pydantic
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
+from typing_extensions import override
 
 from agentgym_rl.envs.base import EnvError, InvalidAction, TextEnv, reply_of_action
 from agentgym_rl.envs.registry import make
@@ -455,6 +456,7 @@ class TextEnvironment(Environment):
         self._own: Episode | None = None  # this session's env, made at its first unnamed reset
         self._current: Episode | None = None  # the episode steps without an episode_id go to
 
+    @override
     def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> TextObservation:
         """Start an episode (the task as the module docstring says). Raises RequestError: 422 for arguments of the
         wrong shape, 404 for a task, split or index the env does not have."""
@@ -476,6 +478,7 @@ class TextEnvironment(Environment):
             text=observation.text, task_id=task_id, reward=None, done=False, metadata=json_info(observation.info)
         )
 
+    @override
     def step(
         self,
         action: Action,
@@ -514,6 +517,7 @@ class TextEnvironment(Environment):
         )
 
     @property
+    @override
     def state(self) -> TextEnvState:
         episode = self._current
         if episode is None:
@@ -522,6 +526,7 @@ class TextEnvironment(Environment):
             episode_id=episode.name, step_count=episode.steps, task_id=episode.task_id, done=episode.done
         )
 
+    @override
     def get_metadata(self) -> EnvironmentMetadata:
         """The env's name; ``readme_content`` is its instruction (the system prompt: task format, action syntax)."""
         return EnvironmentMetadata(
@@ -531,6 +536,7 @@ class TextEnvironment(Environment):
             version=version("agentgym-rl"),
         )
 
+    @override
     def close(self) -> None:
         """Close the session's own env; named episodes live on (they end, are reset or make room)."""
         if self._own is not None:

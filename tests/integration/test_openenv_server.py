@@ -302,6 +302,17 @@ def test_bad_requests_are_refused_with_a_4xx_naming_the_problem(babyai_url, text
         assert client.reset(task_id=3).observation["task_id"] == 3  # the session goes on after errors
 
 
+def test_without_openenv_the_command_names_the_extra(monkeypatch, capsys):
+    from agentgym_rl.driver.cli import main
+
+    for module in ("openenv", "openenv.core", "openenv.core.env_server", "openenv.core.env_server.types"):
+        monkeypatch.setitem(sys.modules, module, None)  # as if the package were not installed
+    monkeypatch.delitem(sys.modules, "agentgym_rl.envs.openenv.server")
+    assert main(["env-server", "babyai", "--protocol", "openenv", "--port", str(free_port())]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert "needs the openenv package" in line and "pip install -e '.[openenv]'" in line, line
+
+
 # Examples per operation: 10 in the CI tier, 200 in the slow tier (as tests/integration/test_openapi_fuzz.py).
 @pytest.mark.parametrize("examples", [pytest.param(10, id="ci"), pytest.param(200, id="full", marks=pytest.mark.slow)])
 def test_schemathesis_finds_no_server_error(examples):
