@@ -1,6 +1,7 @@
 """A tool-calling agent written with the OpenAI Agents SDK trains a run through the endpoint (``trainer.mode:
 gateway``, Ray on 127.0.0.1): its BabyAI actions are ``@function_tool`` s that step a real BabyAI env, and the run
-trains on its episodes, token for token what the replica sampled from the prompts the book should build.
+trains on its episodes (one of them read as a stream), token for token what the replica sampled from the prompts
+the book should build.
 
 tiny-random writes no parseable call, so the replicas serve with the scripted engine of
 ``tests/integration/scripted_tool_engine.py``: its replies are hermes calls chosen by the turn (one call with an
