@@ -182,6 +182,16 @@ class OpenEnvClient(TextEnv):
             f"reply with one line calling one tool as JSON:\n{TOOL_FORMAT}\nThe tools:\n{tools}"
         )
 
+    @property
+    def tool_instruction(self) -> str:
+        """The ``instruction`` option, else a generic prompt asking for one tool call a turn (the tool format then
+        lists the functions)."""
+        if self.options.instruction is not None:
+            return self.options.instruction
+        return (
+            "You are an agent acting in an environment through its tools. Each turn, think briefly, then call one tool."
+        )
+
     def tasks(self, split: str) -> Sequence[int]:
         """Task ids of ``split``, from the ``splits`` option or the server's task API.
 

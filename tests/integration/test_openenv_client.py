@@ -300,6 +300,7 @@ def test_an_mcp_environments_tools_are_functions(calculator_url):
             ["a", "b"],
         )
         assert "- add: Add two integers." in env.instruction
+        assert env.tool_instruction.endswith("call one tool.")  # env.action_format=tools: the format lists the tools
         assert env.reset(4).text == "Add 4 and 2."
         action = env.action_of_call(ToolCall(id="call_0", name="add", arguments={"a": 4, "b": 2}))
         assert action == 'Action: {"name": "add", "arguments": {"a": 4, "b": 2}}'
