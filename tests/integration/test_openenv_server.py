@@ -171,6 +171,22 @@ def test_textcraft_matches_the_env(textcraft_url, transport):
         play("textcraft", task, episode.reset, episode.step)
 
 
+def as_tool_call(env, action: str) -> dict[str, Any]:
+    """The oracle's action as a call of one of the env's own functions."""
+    call = env.call_of_action(action)
+    assert call is not None, f"no function expresses {action!r}"
+    return {"tool_call": {"name": call.name, "arguments": call.arguments}}
+
+
+@pytest.mark.parametrize("env_name", ["babyai", "textcraft"])
+def test_the_envs_functions_play_as_their_text(babyai_url, textcraft_url, env_name):
+    url, headers = (babyai_url, AUTH) if env_name == "babyai" else (textcraft_url, None)
+    task = make(env_name).tasks("test")[5]
+    with session(url, headers) as client:
+        sent = play(env_name, task, lambda task_id: client.reset(task_id=task_id), client.step, as_tool_call)
+    assert all("tool_call" in body for body in sent)
+
+
 def test_tool_calls_play_as_the_env_plays_their_text(callable_url):
     def as_call(env, action: str) -> dict[str, Any]:
         return {"tool_call": {"name": "act", "arguments": {"action": action}}}
