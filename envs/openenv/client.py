@@ -145,7 +145,7 @@ class OpenEnvClient(TextEnv):
         token: str | None = Field(default=None, description="Bearer token, when the server requires one.")
 
         @model_validator(mode="after")
-        def _port_needs_command(self) -> OpenEnvClient.Options:
+        def _consistent(self) -> OpenEnvClient.Options:
             if "{port}" in self.base_url and self.command is None:
                 raise ValueError(
                     "base_url holds {port}, which only a `command` fills: set `command` to the shell command that "
