@@ -17,6 +17,7 @@ from agentgym_rl.actors.pools import PoolError, SamplerPool, completed, sampler_
 from agentgym_rl.actors.sampler import EpisodeRequest
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.configs import Config
+from agentgym_rl.configs.loader import format_validation_error
 from agentgym_rl.configs.schema import MixEntry
 from agentgym_rl.driver.errors import TrainError
 from agentgym_rl.driver.metrics import informative_groups, pool_metrics, rollout_metrics
@@ -79,7 +80,9 @@ class RolloutDispatch:
         source = f"envs[{index}]" if self.mixed else "env"
         try:
             env = make(entry.name, entry.options)
-        except (EnvError, ValidationError) as exc:
+        except ValidationError as exc:  # the env's Options model refused them: name the keys, not a traceback
+            raise TrainError(format_validation_error(exc, f"{source}.options of env {entry.name}")) from None
+        except EnvError as exc:
             if not self.mixed:
                 raise
             raise TrainError(f"{source} ({entry.name}): {exc}") from exc

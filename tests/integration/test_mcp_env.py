@@ -255,6 +255,16 @@ def test_bad_options_get_clear_errors(tmp_path):
         make("mcp", good).tasks("validation")
 
 
+def test_train_with_bad_options_exits_with_the_error_not_a_traceback(tmp_path):
+    options = json.dumps({**server_options(tmp_path), "url": "http://127.0.0.1:9/mcp"})
+    settings = ["env.name=mcp", f"env.options={options}", "model.name=tiny-random", "warm_start.iterations=0"]
+    result = run_cli("train", RECIPE, *(item for key in settings for item in ("--set", key)), cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "invalid config (env.options of env mcp)" in result.stderr and "sets both of `command` and `url`" in (
+        result.stderr
+    )
+
+
 def test_a_server_that_cannot_start_or_lacks_a_named_tool_is_named(tmp_path):
     env = make("mcp", {**server_options(tmp_path), "command": str(tmp_path / "no-such-server")})
     with pytest.raises(EnvUnavailable, match=r"MCP server `.*no-such-server .*mcp_server.py` did not start"):
