@@ -112,6 +112,8 @@ def _validation(errors: list[dict]) -> JSONResponse:
     parts, params, codes = [], [], []
     for error in errors:
         path = [str(p) for p in error.get("loc", ()) if p != "body"]
+        if error["type"] in ("union_tag_invalid", "union_tag_not_found"):  # a message's role: name the role field
+            path.append(error["ctx"]["discriminator"].strip("'"))
         where = ".".join(path)
         if error["type"] == "extra_forbidden":
             parts.append(f"unrecognized request argument supplied: {where}")
