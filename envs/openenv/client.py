@@ -213,7 +213,8 @@ class OpenEnvClient(TextEnv):
         return list(splits[split])
 
     def parse_action(self, model_text: str) -> str | InvalidAction:
-        """The action text per the ``parse`` option; with ``tools``, a JSON call checked for its shape."""
+        """The action text per the ``parse`` option; with ``tools``, a JSON call of one of the functions, checked
+        against its arguments' schema."""
         action = model_text if self.options.parse == "reply" else generic_parse_action(model_text)
         if isinstance(action, InvalidAction) or not self.options.tools:
             return action
@@ -225,6 +226,10 @@ class OpenEnvClient(TextEnv):
             isinstance(call, dict) and isinstance(call.get("name"), str) and isinstance(call.get("arguments"), dict)
         ):
             return InvalidAction(reason=f"the action is not a tool call; end your reply with one line {TOOL_FORMAT}")
+        # The function and its arguments are checked as a tool-format call is (TextEnv.action_of_call).
+        checked = self.action_of_call(ToolCall(id="call_text", name=call["name"], arguments=call["arguments"]))
+        if isinstance(checked, InvalidAction):
+            return checked
         return json.dumps({"name": call["name"], "arguments": call["arguments"]})
 
     def reset(self, task_id: int) -> Observation:

@@ -308,6 +308,8 @@ def test_an_mcp_environments_tools_are_functions(calculator_url):
         assert isinstance(env.action_of_call(ToolCall(id="call_1", name="add", arguments={"a": "x"})), InvalidAction)
         assert "3" in env.step('Call it.\nAction: {"name": "add", "arguments": {"a": 1, "b": 2}}').observation
         assert env.step("Action: add 1 2").info == {"action_valid": False}
+        unknown = env.step('Action: {"name": "sub", "arguments": {"a": 1, "b": 2}}')  # never sent
+        assert unknown.info == {"action_valid": False} and "there is no function 'sub'" in unknown.observation
     finally:
         env.close()
 
