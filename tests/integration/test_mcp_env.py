@@ -265,6 +265,13 @@ def test_train_with_bad_options_exits_with_the_error_not_a_traceback(tmp_path):
     )
 
 
+def test_without_the_mcp_package_the_error_names_the_extra(tmp_path, monkeypatch):
+    env = make("mcp", server_options(tmp_path))  # options, tasks and reward need no mcp package
+    monkeypatch.setitem(sys.modules, "mcp", None)  # what `import mcp` meets where it is not installed
+    with pytest.raises(EnvError, match=r"needs the mcp package: pip install -e '\.\[mcp\]'"):
+        env.reset(0)
+
+
 def test_a_server_that_cannot_start_or_lacks_a_named_tool_is_named(tmp_path):
     env = make("mcp", {**server_options(tmp_path), "command": str(tmp_path / "no-such-server")})
     with pytest.raises(EnvUnavailable, match=r"MCP server `.*no-such-server .*mcp_server.py` did not start"):
