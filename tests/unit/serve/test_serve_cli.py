@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from agentgym_rl.configs.loader import ConfigError
-from agentgym_rl.driver.cli import build_parser
 from agentgym_rl.serve.cli import serve_config
 
 
 def settings(*sets: str):
-    args = build_parser().parse_args(["serve", "--model", "tiny-random", *(f"--set={item}" for item in sets)])
+    """What `agentgym-rl serve --model tiny-random --set ITEM ...` parses to (the parser lives in driver/)."""
+    args = argparse.Namespace(model="tiny-random", host="127.0.0.1", port=8000, api_key=None, set=list(sets))
     return serve_config(args)
 
 
