@@ -484,7 +484,8 @@ class PolicyInfo(BaseModel):
         description="The replica's engine counters: `in_flight` and `waiting` requests, `swap_pending` (1 while a "
         "weight swap waits for the requests in flight), `generated_tokens`, `finished` choices, `abandoned` "
         "requests (their client went away) and, for transformers, `steps`, `decoding_rows`, `kv_positions`, "
-        "`prefill_tokens`."
+        "`prefill_tokens`; and the replica's routes' `tool_calls` (calls returned) and `unparsed_tool_calls` "
+        "(replies that opened a call that did not parse, returned as text)."
     )
 
 

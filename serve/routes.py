@@ -314,10 +314,9 @@ class PolicyAPI:
         """
         functions = functions_of(body)
         choice = body.tool_choice or "auto"
+        parallel = body.parallel_tool_calls is not False
         if choice in ("none", "auto"):
-            return ToolUse(
-                functions, parse=bool(functions) and choice == "auto", parallel=body.parallel_tool_calls is not False
-            )
+            return ToolUse(functions, parse=bool(functions) and choice == "auto", parallel=parallel)
         if not functions:
             raise APIError(
                 400, "tool_choice makes a call compulsory but the request offers no `tools`", param="tool_choice"
@@ -332,9 +331,7 @@ class PolicyAPI:
                     f"tool_choice names function {name!r}, which is not among `tools` ({offered})",
                     param="tool_choice.function.name",
                 )
-        return ToolUse(
-            functions, parse=True, prefix=self.format.call_prefix(name), parallel=body.parallel_tool_calls is not False
-        )
+        return ToolUse(functions, parse=True, prefix=self.format.call_prefix(name), parallel=parallel)
 
     @property
     def format(self) -> ToolFormat:
