@@ -118,3 +118,15 @@ def test_the_schema_names_the_served_model_and_its_caps(schemas):
         k: v for k, v in chat["max_tokens"]["anyOf"][0].items() if k in ("type", "minimum", "maximum")
     }
     assert "babyai" in schemas["ActRequest"]["properties"]["env"]["enum"]
+
+
+def test_the_schema_declares_function_calling_in_requests_and_replies(schemas):
+    chat = schemas["ChatCompletionRequest"]["properties"]
+    assert {"tools", "tool_choice", "parallel_tool_calls"} <= set(chat)
+    roles = {
+        schemas[ref.rsplit("/", 1)[-1]]["properties"]["role"]["const"]
+        for ref in chat["messages"]["items"]["discriminator"]["mapping"].values()
+    }
+    assert roles == {"system", "user", "assistant", "tool"}
+    assert "tool_calls" in schemas["AssistantMessage"]["properties"]
+    assert "tool_calls" in schemas["Choice"]["properties"]["finish_reason"]["enum"]
