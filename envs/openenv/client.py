@@ -25,7 +25,7 @@ it needs ``websockets``, which the ``openenv`` extra installs.
   ``reset(task_id)`` sends ``reset_args`` with the task's id, split and index filled in (by default the task
   API's ``split`` and ``index``, or ``seed`` = the task id when ``splits`` lists the tasks).
 - ``command`` starts a server per env instance (on a free port when it holds ``{port}``), waits until its
-  ``/health`` answers, and stops it on ``close``.
+  ``/health`` answers, and stops it on ``close`` (or, on Linux, when the instance's process dies).
 
 A server that is down, too slow (``timeout``) or answers what OpenEnv's protocol does not raises
 ``OpenEnvError`` (an ``EnvUnavailable``) naming the URL: the sampler moves the episode to a fresh env actor once,
@@ -41,15 +41,18 @@ Example (config)::
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -87,8 +90,9 @@ class OpenEnvClient(TextEnv):
         )
         command: str | None = Field(
             default=None,
-            description="Shell command that starts the server (it may hold `{port}`); each env instance starts its "
-            "own on first use, waits until GET /health answers, and stops it on close. None: the server at "
+            description="Command line that starts the server (it may hold `{port}`), split as a shell would but run "
+            "without one (a script for pipes or `&&`); each env instance starts its own on first use, waits until "
+            "GET /health answers, and stops it on close or when the instance's process dies. None: the server at "
             "`base_url` is already running.",
         )
         startup_timeout: float = Field(
@@ -337,10 +341,18 @@ class OpenEnvClient(TextEnv):
         self.base_url = self.options.base_url.replace("{port}", port)
         command = self.options.command.replace("{port}", port)
         self._server_log = tempfile.TemporaryFile()  # noqa: SIM115 (open while the server runs; close() closes it)
-        # Its own process group: close() stops the shell and everything it started.
-        self._server = subprocess.Popen(
-            command, shell=True, stdout=self._server_log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        try:
+            # Its own process group, which close() stops whole. Ray kills an env actor without close(): on Linux
+            # the server is also sent SIGTERM when the process that started it dies.
+            self._server = subprocess.Popen(
+                shlex.split(command),
+                stdout=self._server_log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_DIE_WITH_PARENT,  # noqa: PLW1509 (one libc call, no Python lock taken)
+            )
+        except OSError as exc:
+            raise OpenEnvError(f"the OpenEnv server command {command!r} cannot start: {exc}") from exc
         deadline = time.monotonic() + self.options.startup_timeout
         while time.monotonic() < deadline:
             if self._server.poll() is not None:
@@ -674,6 +686,21 @@ def _span(ids: list[int]) -> str:
     if not ids:
         return "(none)"
     return f"{ids[0]}-{ids[-1]}" if ids == list(range(ids[0], ids[-1] + 1)) else f"{len(ids)} ids"
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """On Linux, a function that has the process calling it (a child, before its exec) sent SIGTERM when its parent
+    dies (``prctl(PR_SET_PDEATHSIG)``); None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return functools.partial(prctl, 1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+
+
+_DIE_WITH_PARENT = _parent_death_signal()
 
 
 def _free_port() -> int:

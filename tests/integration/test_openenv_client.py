@@ -274,12 +274,31 @@ def test_command_starts_a_server_per_instance_and_close_stops_it():
         env.close()
     assert not _healthy(url)
 
-    broken = make("openenv", {**options, "command": "echo no such server >&2; exit 3"})
-    with pytest.raises(OpenEnvError, match="exited with code 3 before http://127.0.0.1:.*no such server"):
+    broken = make("openenv", {**options, "command": f"{sys.executable} -c 'raise SystemExit(\"no such server\")'"})
+    with pytest.raises(OpenEnvError, match="exited with code 1 before http://127.0.0.1:.*no such server"):
         broken.tasks("train")
     broken.close()
+    with pytest.raises(OpenEnvError, match="'no-such-command --port"):
+        make("openenv", {**options, "command": "no-such-command --port {port}"}).tasks("train")
     with pytest.raises(pydantic.ValidationError, match="only a `command` fills"):
         make("openenv", {"base_url": "http://127.0.0.1:{port}"})
+
+
+def test_a_command_server_dies_with_the_process_that_started_it():
+    # Ray kills an env actor without close(): its server must not outlive it.
+    options = {"base_url": "http://127.0.0.1:{port}", "command": f"{GUESS_SERVER} --port {{port}}"}
+    script = (
+        "import os\nfrom agentgym_rl.envs import make\n"
+        f"env = make('openenv', {options!r})\nenv.tasks('test')\nprint(env.base_url, flush=True)\nos._exit(0)"
+    )
+    started = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120, check=True
+    )
+    url = started.stdout.split()[-1]
+    deadline = time.monotonic() + 30
+    while _healthy(url):
+        assert time.monotonic() < deadline, f"the server at {url} outlived the process that started it"
+        time.sleep(0.1)
 
 
 def test_an_mcp_environments_tools_are_functions(calculator_url):
