@@ -110,7 +110,7 @@ class OpenEnvClient(TextEnv):
             default="action-line",
             description="What becomes the action text: 'action-line' the first line after the reply's last "
             "'Action:' (a reply without one is answered with how to write it, the server is not asked), 'reply' "
-            "the whole reply.",
+            "the whole reply. With `tools`, a call is always an 'Action:' line.",
         )
         observation_fields: list[str] | None = Field(
             default=None,
@@ -219,8 +219,10 @@ class OpenEnvClient(TextEnv):
     def parse_action(self, model_text: str) -> str | InvalidAction:
         """The action text per the ``parse`` option; with ``tools``, a JSON call of one of the functions, checked
         against its arguments' schema."""
-        action = model_text if self.options.parse == "reply" else generic_parse_action(model_text)
-        if isinstance(action, InvalidAction) or not self.options.tools:
+        if not self.options.tools:
+            return model_text if self.options.parse == "reply" else generic_parse_action(model_text)
+        action = generic_parse_action(model_text)  # a call is always an "Action:" line
+        if isinstance(action, InvalidAction):
             return action
         try:
             call = json.loads(action)

@@ -339,7 +339,9 @@ def test_this_projects_server_plays_by_text_and_by_the_functions_its_action_sche
     babyai = make("babyai", {"levels": ["GoToRedBall"]})
     with serve(build_openenv_app("babyai", {"levels": ["GoToRedBall"]}, max_envs=4)) as url:
         text = make("openenv", {"base_url": url, "parse": "reply", "observation_fields": ["text"]})
-        tools = make("openenv", {"base_url": url, "tools": "action-schema", "observation_fields": ["text"]})
+        tools = make(
+            "openenv", {"base_url": url, "tools": "action-schema", "parse": "reply", "observation_fields": ["text"]}
+        )
         try:
             # the task API numbers the test split after the train split; `text` is the action's one string field
             test = list(text.tasks("test"))
