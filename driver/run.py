@@ -12,9 +12,10 @@ from agentgym_rl.actors.chat import ChatFormat
 from agentgym_rl.actors.cluster import SHUTDOWN_GRACE_S, deadline, init_ray
 from agentgym_rl.actors.model_store import load_tokenizer
 from agentgym_rl.actors.rundir import CONFIG_FILE, RunDir
+from agentgym_rl.actors.tool_formats import ToolChat, ToolFormatError, tool_format
 from agentgym_rl.configs import Config, ConfigError, load_config
 from agentgym_rl.driver.errors import TrainError
-from agentgym_rl.driver.mix import check_envs
+from agentgym_rl.driver.mix import check_envs, mix_entries
 from agentgym_rl.driver.modes.agentevol import AgentEvolTrainer
 from agentgym_rl.driver.modes.asynchronous import AsyncTrainer
 from agentgym_rl.driver.modes.gateway import GatewayTrainer
@@ -115,8 +116,14 @@ def prepare_run(config_path: str | None, overrides: list[str], resume: str | Non
 def train(config: Config, run_dir: RunDir, *, resume: bool = False, stop_by: float | None = None) -> dict:
     """Run training in a local or remote Ray instance and shut the local one down afterwards; ``stop_by``: see
     ``Trainer.run`` (a warm start, if any, runs whole before it is first checked)."""
-    # Fail before any actor starts when the model's chat template cannot be extended token-exactly.
-    ChatFormat(load_tokenizer(config.model.name))
+    # Fail before any actor starts when the model's chat template cannot be extended token-exactly, or, for an env
+    # played in tool format, when the tool format is unknown or the template asked for cannot render it.
+    chat = ChatFormat(load_tokenizer(config.model.name))
+    if any(entry.action_format == "tools" for entry in mix_entries(config)):
+        try:
+            ToolChat(chat, tool_format(config.model.tool_format), config.model.tool_template)
+        except ToolFormatError as exc:
+            raise ConfigError(f"invalid config: model.tool_format: {exc}") from None
     init_ray(config)
     try:
         plan_run(config)  # before any actor starts: a run that cannot fit fails now, not after a start timeout

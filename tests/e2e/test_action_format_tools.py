@@ -92,11 +92,20 @@ def test_eval_plays_the_checkpoint_in_the_format_it_trained_in(run: Path, env: s
     assert report["overall"]["episodes"] == 1 and 1 <= report["results"][0]["turns"] <= 2
 
 
-def test_tools_on_an_env_without_functions_is_a_config_error(tmp_path: Path):
-    done = run_cli("train", "--set", "env.name=target-word", "--set", "env.action_format=tools", cwd=tmp_path)
-    assert done.returncode == 2
-    assert (
-        "env.action_format=tools: env 'target-word' describes no actions as functions; envs that do: babyai,"
-        in done.stderr
-    )
-    assert "set env.action_format=text" in done.stderr
+@pytest.mark.parametrize(
+    ("settings", "error"),
+    [
+        (
+            ["env.name=target-word"],
+            "env.action_format=tools: env 'target-word' describes no actions as functions; envs that do: babyai,",
+        ),
+        (
+            ["model.name=tiny-random", "model.adapter=null", "model.tool_format=nope"],
+            "invalid config: model.tool_format: unknown tool format 'nope'; registered: hermes",
+        ),
+    ],
+)
+def test_a_tool_format_run_that_cannot_work_is_refused_before_it_starts(tmp_path: Path, settings, error):
+    sets = [item for setting in ["env.action_format=tools", *settings] for item in ("--set", setting)]
+    done = run_cli("train", *sets, cwd=tmp_path)
+    assert done.returncode == 2 and error in done.stderr
