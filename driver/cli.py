@@ -24,6 +24,7 @@ from agentgym_rl.actors.rundir import RunDir
 from agentgym_rl.configs import load_config
 from agentgym_rl.configs.errors import AgentGymError
 from agentgym_rl.configs.loader import format_validation_error, one_line, port_argument
+from agentgym_rl.configs.targets import import_target
 from agentgym_rl.driver.errors import TrainError
 from agentgym_rl.driver.run import algorithm_keys, check_algorithm, prepare_run, train
 from agentgym_rl.envs import EnvError, env_class, make, names
@@ -125,13 +126,14 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_env_server(args: argparse.Namespace) -> int:
-    if args.protocol == "openenv":
-        # Imported here: only this protocol needs the openenv extra (its absence is a one-line error).
-        from agentgym_rl.envs.openenv.server import serve_openenv
+# The env servers of protocols beside AgentGym's, by `--protocol` value: imported only when asked for, since each
+# needs its extra (whose absence is a one-line error).
+SERVERS = {"openenv": "agentgym_rl.envs.openenv.server:serve_openenv"}
 
-        return run_server(args, serve_openenv)
-    return run_server(args)
+
+def cmd_env_server(args: argparse.Namespace) -> int:
+    target = SERVERS.get(args.protocol)
+    return run_server(args, import_target(target) if target else None)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -341,7 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_server = sub.add_parser(
         "env-server", help="serve an env over AgentGym's HTTP protocol, or OpenEnv's (--protocol openenv)"
     )
-    add_server_arguments(p_server, (*PROTOCOLS, "openenv"))
+    add_server_arguments(p_server, (*PROTOCOLS, *SERVERS))
     p_server.set_defaults(func=cmd_env_server)
 
     p_serve = sub.add_parser("serve", help="serve a policy over HTTP (OpenAI-compatible chat, /v1/act)")
