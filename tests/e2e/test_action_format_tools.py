@@ -79,17 +79,17 @@ def test_train_plays_every_env_by_calls_and_the_oracle_written_as_calls_wins(run
 
 @pytest.mark.slow
 @pytest.mark.ci
-@pytest.mark.parametrize("env", ENVS)
-def test_eval_plays_the_checkpoint_in_the_format_it_trained_in(run: Path, env: str):
-    cache = ["--set", f"env.options.cache_dir={run.parent.parent / 'search-cache'}"] if env == "search" else []
+def test_eval_plays_the_checkpoint_in_the_format_it_trained_in(run: Path):
+    envs = [item for env in ENVS for item in ("--env", env)]  # one eval, one report per env
     done = run_cli(
-        "eval", "--checkpoint", str(run), "--env", env, "--episodes", "1", "--max-turns", "2",
-        "--set", "sampler.envs_per_sampler=1", *cache, cwd=run,
+        "eval", "--checkpoint", str(run), *envs, "--episodes", "1", "--max-turns", "2",
+        "--set", "sampler.envs_per_sampler=1", cwd=run,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads((run / "eval" / f"{env}-tools-test-iter_000001.json").read_text())
-    assert report["action_format"] == "tools"
-    assert report["overall"]["episodes"] == 1 and 1 <= report["results"][0]["turns"] <= 2
+    for env in ENVS:
+        report = json.loads((run / "eval" / f"{env}-tools-test-iter_000001.json").read_text())
+        assert report["action_format"] == "tools", env
+        assert report["overall"]["episodes"] == 1 and 1 <= report["results"][0]["turns"] <= 2, env
 
 
 @pytest.mark.parametrize(

@@ -308,6 +308,7 @@ def sampler_for(tmp_path: Path, engine: str, crashes: int = 0, *settings: str):
     )
 
 
+@pytest.mark.slow  # CI: test_a_killed_server_fails_the_step_and_the_next_reset_starts_a_new_one, at the env
 def test_a_server_that_dies_in_a_sampler_fails_the_episode_and_the_next_episode_works(ray_local, tmp_path):
     # The server exits at the first two `crash` calls: the episode's try and its retry on a fresh env actor (a
     # fresh server), so the sampler records it as failed; the third server survives and the next episode plays.
@@ -344,8 +345,7 @@ def test_in_tools_format_the_servers_tools_are_offered_and_each_call_steps_the_e
     assert "5.0" in episode.messages[3]["content"]  # the call's result, the observation after the first turn
 
 
-@pytest.mark.slow
-@pytest.mark.ci
+@pytest.mark.slow  # CI trains on an MCP server through docs/examples/mcp_calculator.py (tests/e2e/test_examples.py)
 def test_train_two_iterations_on_the_mcp_server(tmp_path, monkeypatch):
     options = json.dumps(server_options(tmp_path, max_turns=3))
     settings = {
