@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.pop("RAY_ADDRESS", None)
@@ -32,8 +33,15 @@ def ray_local():
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files that hold a slow test run first (order kept otherwise): the CI command runs the suite on three
-    pytest-xdist workers, a file per worker at a time, and minutes-long files started last would leave two
-    workers idle while the third finishes them."""
+    """Files that hold a long test of the CI tier (marked both `slow` and `ci`) run first, then files with any
+    slow test, then the rest (order kept otherwise): the CI command runs the suite on three pytest-xdist workers,
+    a file per worker at a time, and minutes-long files started last would leave two workers idle while the
+    third finishes them. Among the first, a file whose tests were given a longer `timeout` than the default
+    starts earlier (the longest, the GRPO learning test, would otherwise end the run alone)."""
+    in_ci = {item.path for item in items if item.get_closest_marker("slow") and item.get_closest_marker("ci")}
     heavy = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in heavy)
+    allowed: dict[Path, float] = {}
+    for item in items:
+        if marker := item.get_closest_marker("timeout"):
+            allowed[item.path] = max(allowed.get(item.path, 0.0), float(marker.args[0]))
+    items.sort(key=lambda item: (item.path not in in_ci, -allowed.get(item.path, 0.0), item.path not in heavy))
