@@ -3,13 +3,16 @@
 
     python docs/results/restore_adapter.py EXPERIMENT/STAGE    # e.g. babyai/grpo_fixed_long; or gateway
     python docs/results/restore_adapter.py STAGE               # a stage name only one experiment has
+    python docs/results/restore_adapter.py --files docs/results/EXPERIMENT/STAGE/part/checkpoint.sha256
 
 The tracked tree holds one stage adapter's weights, the BabyAI SFT stage's (the quickstart loads it); every other
 stage's ``adapter_model.safetensors`` was committed with its results and then removed from the tree, to keep the
 tree small. This writes the last committed version of the stage's file back in place, in the repository of the
 working directory, after checking it against the SHA-256 that ``docs/results/adapters.sha256`` records. A stage is
 named by the folders that hold its ``adapter/`` under docs/results (``babyai/sft``, ``textcraft/grpo_fixed``, the
-BabyAI gateway run's ``gateway``). A restored file is ignored by git (``docs/results/.gitignore``). It needs the
+BabyAI gateway run's ``gateway``). With ``--files``, it restores every file of a ``sha256sum`` listing instead: the
+checkpoint of a stage part (``run_stage.sh`` writes the listing beside it; the checkpoint is committed once and then
+removed from the tree, as an adapter is). A restored file is ignored by git (``docs/results/.gitignore``). It needs the
 repository's history: in a shallow clone, ``git fetch --unshallow`` first. Only the standard library and ``git`` are
 used, so any Python 3.11 runs it.
 """
@@ -36,6 +39,8 @@ def git(root: Path | None, *args: str) -> bytes:
 def recorded(root: Path) -> dict[str, tuple[str, str]]:
     """Each stage in the manifest -> (its adapter weights' path from the repository root, their SHA-256)."""
     stages = {}
+    if not (root / MANIFEST).is_file():  # a repository without committed adapters (``--files`` needs none)
+        return stages
     for line in (root / MANIFEST).read_text().splitlines():
         digest, path = line.split(maxsplit=1)
         # docs/results/<experiment>/<stage>/adapter/adapter_model.safetensors, or docs/results/<stage>/adapter/...
@@ -58,8 +63,9 @@ def resolve(stages: dict[str, tuple[str, str]], name: str) -> str:
     raise LookupError(f"{what}; the recorded stages: {', '.join(sorted(stages))}")
 
 
-def restore(root: Path, path: str, digest: str) -> str:
-    """Write the last committed version of ``path`` in place, if its bytes have the SHA-256 ``digest``.
+def restore(root: Path, path: str, digest: str, manifest: str = MANIFEST) -> str:
+    """Write the last committed version of ``path`` in place, if its bytes have the SHA-256 ``digest`` (that
+    ``manifest`` records).
 
     Returns:
         The commit the bytes come from.
@@ -76,13 +82,22 @@ def restore(root: Path, path: str, digest: str) -> str:
     found = hashlib.sha256(data).hexdigest()
     if found != digest:
         raise SystemExit(
-            f"restore_adapter.py: {path} at commit {commit[:10]} has SHA-256 {found}, but {MANIFEST} records {digest}; "
+            f"restore_adapter.py: {path} at commit {commit[:10]} has SHA-256 {found}, but {manifest} records {digest}; "
             "nothing written (a stage trained again updates the manifest: commit its adapter before removing it)"
         )
     target = root / path
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(data)
     return commit
+
+
+def restore_listed(root: Path, manifest: str) -> None:
+    """Restore every file the ``sha256sum`` listing ``manifest`` names (paths from the repository root): a stage
+    part's checkpoint, committed once and then removed from the tree."""
+    for line in (root / manifest).read_text().splitlines():
+        digest, path = line.split(maxsplit=1)
+        commit = restore(root, path, digest, manifest)
+        print(f"restored {path} from commit {commit[:10]}")
 
 
 def main() -> None:
@@ -92,10 +107,22 @@ def main() -> None:
     parser.add_argument(
         "stage",
         metavar="EXPERIMENT/STAGE",
+        nargs="?",
         help=f"the stage, or a stage name only one experiment has: {', '.join(sorted(stages))}",
     )
+    parser.add_argument(
+        "--files",
+        metavar="LISTING",
+        help="instead, every file of a sha256sum listing (a stage part's checkpoint.sha256, which run_stage.sh writes)",
+    )
+    args = parser.parse_args()
+    if (args.stage is None) == (args.files is None):
+        parser.error("give a stage or --files LISTING")
+    if args.files is not None:
+        restore_listed(root, Path(args.files).resolve().relative_to(root).as_posix())
+        return
     try:
-        stage = resolve(stages, parser.parse_args().stage)
+        stage = resolve(stages, args.stage)
     except LookupError as exc:
         parser.error(str(exc))
     path, digest = stages[stage]

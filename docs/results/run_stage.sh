@@ -24,7 +24,8 @@
 # after the last iteration that ends within that many seconds (`train --time-limit`) if it has not finished,
 # and the run as the next part needs it (config.yaml, metrics.jsonl and that checkpoint: adapter, optimizer
 # state, trainer state) is copied to docs/results/EXPERIMENT/STAGE/part/ to be committed; the next call restores
-# the run from there and resumes it.
+# the run from there and resumes it. The checkpoint (tens of MB) is committed once and then removed from the tree
+# like an adapter: part/checkpoint.sha256 lists its files, and the next call restores them from history.
 set -euo pipefail
 usage="usage: run_stage.sh EXPERIMENT STAGE [RUNS_DIR]"
 experiment=${1:?$usage}
@@ -93,6 +94,9 @@ c = load_config(sys.argv[1]); print(c.run.name); print(c.model.adapter or '')" "
   run=$runs/$name
   part=$out/part
   if [[ ! -f $run/config.yaml && -d $part ]]; then  # a part committed by an earlier sitting
+    if ! sha256sum --check --quiet "$part/checkpoint.sha256" 2>/dev/null; then  # its checkpoint lives in history
+      "$python" docs/results/restore_adapter.py --files "$part/checkpoint.sha256"
+    fi
     mkdir -p "$run/checkpoints"
     cp "$part/config.yaml" "$part/metrics.jsonl" "$run/"
     cp -r "$part/checkpoint" "$run/checkpoints/$(cat "$part/checkpoint_name")"
@@ -125,7 +129,10 @@ c = load_config(sys.argv[1]); print(c.run.name); print(c.model.adapter or '')" "
     cp "$run/config.yaml" "$run/metrics.jsonl" "$part/"
     cp -r "$latest" "$part/checkpoint"
     basename "$latest" > "$part/checkpoint_name"
-    echo "run_stage.sh: training stopped after ${train_s} s at $(basename "$latest"); commit $part and run again to resume"
+    find "$part/checkpoint" -type f | sort | xargs sha256sum > "$part/checkpoint.sha256"
+    echo "run_stage.sh: training stopped after ${train_s} s at $(basename "$latest"). Commit the part, its checkpoint"
+    echo "  once, then take the checkpoint out of the tree (the next call restores it from history):"
+    echo "  git add -f $part && git commit -m '...' && git rm -r -q --cached $part/checkpoint && git commit -m '...'"
     exit 0
   fi
   if [[ -f $part/train_seconds ]]; then  # the earlier parts' commands and training time count too

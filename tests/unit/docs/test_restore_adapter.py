@@ -48,8 +48,8 @@ def clone(tmp_path: Path) -> Path:
     return tmp_path / "clone"
 
 
-def restore(root: Path, stage: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(SCRIPT), stage], check=False, cwd=root, capture_output=True, text=True)
+def restore(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], check=False, cwd=root, capture_output=True, text=True)
 
 
 def test_a_removed_stage_comes_back_as_its_committed_bytes(clone: Path):
@@ -90,3 +90,33 @@ def test_the_manifest_records_the_tracked_sft_adapter():
     assert sha256(REPO / SFT) == recorded_sha256(SFT)
     paths = [Path(line.split()[1]).parents[1] for line in MANIFEST.read_text().splitlines()]
     assert sorted(path.relative_to("docs/results").as_posix() for path in paths) == STAGES
+
+
+def test_a_part_checkpoint_taken_out_of_the_tree_comes_back_from_its_listing(tmp_path: Path):
+    """What run_stage.sh does with a stage part: its checkpoint committed once, then removed from the tree, and
+    restored from history by the sha256sum listing beside it."""
+    repo = tmp_path / "repo"
+    part = repo / "docs" / "results" / "textcraft" / "grpo_fixed" / "part"
+    (part / "checkpoint" / "policy").mkdir(parents=True)
+    files = {"checkpoint/trainer.json": b'{"iteration": 7}', "checkpoint/policy/adapter.bin": bytes(range(256)) * 64}
+    for name, data in files.items():
+        (part / name).write_bytes(data)
+    listing = [f"{hashlib.sha256(data).hexdigest()}  {(part / name).relative_to(repo)}" for name, data in files.items()]
+    (part / "checkpoint.sha256").write_text("\n".join(listing) + "\n")
+    git(tmp_path, "init", "-q", str(repo))
+    for step in (["add", "."], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "part"]):
+        git(repo, *step)
+    git(repo, "rm", "-r", "-q", "--cached", str(part / "checkpoint"))
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "checkpoint to history")
+    for name in files:
+        (part / name).unlink()
+
+    listed = part.relative_to(repo) / "checkpoint.sha256"
+    done = restore(repo, "--files", str(listed))
+
+    assert done.returncode == 0, done.stderr
+    assert all((part / name).read_bytes() == data for name, data in files.items())
+
+    (part / "checkpoint.sha256").write_text(listing[0].replace(listing[0][:64], "0" * 64) + "\n")
+    done = restore(repo, "--files", str(listed))
+    assert done.returncode == 1 and f"but {listed} records {'0' * 64}" in done.stderr
