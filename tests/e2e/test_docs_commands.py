@@ -69,6 +69,8 @@ SKIP = {
     "docs/results/run_stage.sh babyai gateway runs": EVALUATION,
     "docs/results/run_stage.sh babyai sft": "a results row: its training run and evaluation, hours",
     "docs/results/run_stage.sh textcraft base": "a results row: the base model on 200 held-out goals, 21 minutes",
+    "docs/results/run_stage.sh search base": EVALUATION,
+    "STAGE_SECONDS=6000 docs/results/run_stage.sh search grpo_stepwise": "a results row's training, 100 minutes a part",
     "STAGE_SECONDS=6000 docs/results/run_stage.sh babyai grpo_stepwise": "a results row's training, 100 minutes a part",
     "python docs/results/restore_adapter.py babyai/grpo_fixed_long": (
         "tests/unit/docs/test_restore_adapter.py runs it on a clone that has the git history it reads"
