@@ -270,7 +270,12 @@ def show_env(args: argparse.Namespace) -> int:
     except pydantic.ValidationError as exc:
         raise AgentGymError(format_validation_error(exc, f"{args.env} --options")) from exc
     try:
-        print(env.instruction if args.instruction else " ".join(map(str, env.tasks(args.tasks))))
+        if args.instruction and args.action_format == "tools":
+            if not env.functions():
+                raise AgentGymError(f"envs: {args.env} describes no functions; its only action format is text")
+            print(env.tool_instruction)
+        else:
+            print(env.instruction if args.instruction else " ".join(map(str, env.tasks(args.tasks))))
     finally:
         env.close()
     return 0
@@ -450,6 +455,12 @@ def build_parser() -> argparse.ArgumentParser:
     shown.add_argument("--instruction", action="store_true", help="print ENV's system prompt")
     shown.add_argument("--tasks", metavar="SPLIT", help="print the task ids of ENV's SPLIT, space-separated")
     p_envs.add_argument("--options", default="{}", help="ENV's options as JSON, e.g. '{\"test_seeds\": 50}'")
+    p_envs.add_argument(
+        "--action-format",
+        choices=["text", "tools"],
+        default="text",
+        help="with --instruction: the system prompt of that action format (env.action_format)",
+    )
     p_envs.set_defaults(func=cmd_envs)
     return parser
 

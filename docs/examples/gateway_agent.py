@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -41,13 +41,8 @@ SYSTEM = (
 
 def play(args: argparse.Namespace, task_id: int, group: str, seed: int) -> dict:
     """One game of ``task_id`` as one episode; returns its transcript and the endpoint's final account."""
-    episode = requests.post(
-        f"{args.policy}/v1/episodes", json={"env": "babyai", "task_id": task_id, "group": group}, timeout=30
-    ).json()
-    headers = {"X-Episode-Token": episode["token"]}
+    episode, headers, env_id, observation = open_game(args, task_id, group)
     client = openai.OpenAI(base_url=f"{args.policy}/v1", api_key="unused", max_retries=3)
-    env_id = requests.post(f"{args.env}/create", timeout=30).json()["id"]
-    observation = requests.post(f"{args.env}/reset", json={"id": env_id, "data_idx": task_id}, timeout=30).json()
     messages = [{"role": "system", "content": args.system}, {"role": "user", "content": observation["observation"]}]
     replies, reward = [], 0.0
     for turn in range(args.turns):
@@ -69,18 +64,31 @@ def play(args: argparse.Namespace, task_id: int, group: str, seed: int) -> dict:
         messages += [{"role": "assistant", "content": action}, {"role": "user", "content": step["observation"]}]
         if step["done"]:
             break
+    return close_game(args, episode, env_id, reward, task_id=task_id, group=group, replies=replies)
+
+
+def open_game(args: argparse.Namespace, task_id: int, group: str) -> tuple[dict, dict, int, dict]:
+    """An episode of the endpoint and a game of ``task_id`` on the env server: the episode, the headers that tag
+    the game's model calls, the game's id and its first observation."""
+    episode = requests.post(
+        f"{args.policy}/v1/episodes", json={"env": "babyai", "task_id": task_id, "group": group}, timeout=30
+    ).json()
+    env_id = requests.post(f"{args.env}/create", timeout=30).json()["id"]
+    observation = requests.post(f"{args.env}/reset", json={"id": env_id, "data_idx": task_id}, timeout=30).json()
+    return episode, {"X-Episode-Token": episode["token"]}, env_id, observation
+
+
+def close_game(args: argparse.Namespace, episode: dict, env_id: int, reward: float, **game) -> dict:
+    """Close game ``env_id`` and its episode with ``reward``; returns the game's record: ``game``, the episode
+    and the endpoint's final account."""
     requests.post(f"{args.env}/close", json={"id": env_id}, timeout=30)
     closed = requests.post(
-        f"{args.policy}/v1/episodes/{episode['id']}/reward", json={"reward": reward}, headers=headers, timeout=30
+        f"{args.policy}/v1/episodes/{episode['id']}/reward",
+        json={"reward": reward},
+        headers={"X-Episode-Token": episode["token"]},
+        timeout=30,
     ).json()
-    return {
-        "task_id": task_id,
-        "group": group,
-        "episode": episode["id"],
-        "token": episode["token"],
-        "replies": replies,
-        "account": closed,
-    }
+    return {**game, "episode": episode["id"], "token": episode["token"], "account": closed}
 
 
 def free_port() -> int:
@@ -129,7 +137,10 @@ def round_tasks(args: argparse.Namespace, round_: int) -> list[int]:
     return [args.tasks[(round_ * per_round + i) % len(args.tasks)] for i in range(per_round)]
 
 
-def play_rounds(args: argparse.Namespace, first_round: int = 0, rounds: int | None = None) -> list[dict]:
+Play = Callable[[argparse.Namespace, int, str, int], dict]  # (args, task id, group key, seed) -> the game
+
+
+def play_rounds(args: argparse.Namespace, play: Play, first_round: int = 0, rounds: int | None = None) -> list[dict]:
     games = [
         (task, f"round{r}-task{task}", (r * len(tasks) + i) * args.group_size + k)
         for r in range(first_round, first_round + (rounds or args.rounds))
@@ -151,13 +162,13 @@ def taken_for_training(args: argparse.Namespace, game: dict) -> bool:
     return requests.get(f"{args.policy}/v1/episodes/{game['episode']}", headers=headers, timeout=30).status_code == 404
 
 
-def play_paced(args: argparse.Namespace) -> list[dict]:
+def play_paced(args: argparse.Namespace, play: Play) -> list[dict]:
     """One round at a time, each once the run has taken every game of the round before for training, or serves
     newer weights (an iteration whose games all won or all lost trains nothing and publishes no weights)."""
     results = []
     for round_ in range(args.rounds):
         version = weights_version(args)
-        played = play_rounds(args, first_round=round_, rounds=1)
+        played = play_rounds(args, play, first_round=round_, rounds=1)
         results += played
         wins = sum(result["account"]["reward"] > 0 for result in played)
         print(f"round {round_}: weights version {version}, {wins} of {len(played)} games won", flush=True)
@@ -171,16 +182,22 @@ def play_paced(args: argparse.Namespace) -> list[dict]:
     return results
 
 
+def trained_trajectories(run: Path) -> list[tuple[str, dict]]:
+    """The trajectories the run trained on, with their file's name, once it has trained and published twice."""
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["weights_version"] for r in records] == [1, 2], "each iteration should train and publish once"
+    files = sorted((run / "trajectories").glob("*.jsonl"))
+    trained = [(path.name, json.loads(line)) for path in files for line in path.open()]
+    assert trained, "the run wrote no trajectories"
+    return trained
+
+
 def check_the_run_trained_on_these_games(run: Path, results: list[dict], group_size: int) -> None:
     """Every trajectory the run trained on is one of the agent's games: the replies it received, with the log-
     probabilities the endpoint returned for them (the stop token, which has no text, aside), in groups of
     ``group_size`` games of one task."""
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["weights_version"] for r in records] == [1, 2], "each iteration should train and publish once"
+    trained = trained_trajectories(run)
     games = {tuple(reply["text"] for reply in result["replies"]): result for result in results}
-    files = sorted((run / "trajectories").glob("*.jsonl"))
-    trained = [(path.name, json.loads(line)) for path in files for line in path.open()]
-    assert trained, "the run wrote no trajectories"
     groups: dict[tuple[str, int], list[dict]] = {}
     for name, trajectory in trained:
         groups.setdefault((name, trajectory["group"]), []).append(games[tuple(trajectory["actions"])])
@@ -193,11 +210,12 @@ def check_the_run_trained_on_these_games(run: Path, results: list[dict], group_s
         for (start, end), reply in zip(trajectory["turn_spans"], game["replies"], strict=True):
             sampled = trajectory["logprobs"][start:end][: len(reply["logprobs"])]
             assert all(abs(a - b) < 1e-6 for a, b in zip(sampled, reply["logprobs"], strict=True))
-    print(f"the run trained on {len(trained)} of the agent's games over {len(records)} iterations")
+    print(f"the run trained on {len(trained)} of the agent's games over 2 iterations")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def build_parser(doc: str) -> argparse.ArgumentParser:
+    """The options of an agent script whose module docstring is ``doc``."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--policy", help="the policy endpoint (default: start a gateway run on tiny-random)")
     parser.add_argument("--env", help="a BabyAI env server, AgentGym protocol (default: start one)")
     parser.add_argument("--model", help="the served model id (default: the endpoint's only model)")
@@ -217,8 +235,15 @@ def main() -> None:
     parser.add_argument("--wait-s", type=float, default=1800.0, help="--paced: longest wait for the run")
     parser.add_argument("--transcripts", help="append one JSON line per game to this file")
     parser.add_argument("--run-dir", help="where the started gateway run writes (default: a temporary folder)")
-    args = parser.parse_args()
-    args.system = Path(args.system_file).read_text().strip() if args.system_file else SYSTEM
+    return parser
+
+
+Check = Callable[[Path, list[dict], int], None]  # (run directory, games, group size): raises if the run is wrong
+
+
+def run_agent(args: argparse.Namespace, play: Play, check: Check, extra_settings: tuple[str, ...] = ()) -> None:
+    """Play ``args``' rounds with ``play``; without ``--policy``/``--env``, start them (the gateway run on
+    tiny-random with ``extra_settings``) and ``check`` what the run trained on."""
     with contextlib.ExitStack() as stack:
         cli = str(Path(sys.executable).parent / "agentgym-rl")
         if args.env is None:
@@ -232,6 +257,7 @@ def main() -> None:
             port = free_port()
             runs = Path(args.run_dir or stack.enter_context(tempfile.TemporaryDirectory()))
             settings = [
+                *extra_settings,
                 "model.name=tiny-random",
                 "model.adapter=null",
                 "trainer.mode=gateway",
@@ -252,12 +278,12 @@ def main() -> None:
             [args.model] = [
                 model["id"] for model in requests.get(f"{args.policy}/v1/models", timeout=30).json()["data"]
             ]
-        results = play_paced(args) if args.paced else play_rounds(args)
+        results = play_paced(args, play) if args.paced else play_rounds(args, play)
         if run is not None:  # a round per iteration, until the run has trained twice
-            results += play_rounds(args, first_round=args.rounds)
+            results += play_rounds(args, play, first_round=args.rounds)
             trainer.process.wait(timeout=900)
             assert trainer.process.returncode == 0, trainer.tail()
-            check_the_run_trained_on_these_games(run, results, args.group_size)
+            check(run, results, args.group_size)
     if args.transcripts:
         with open(args.transcripts, "a") as out:
             out.writelines(json.dumps({k: v for k, v in result.items() if k != "token"}) + "\n" for result in results)
@@ -265,5 +291,12 @@ def main() -> None:
     print(f"played {len(results)} games, {wins} won")
 
 
+def main(doc: str, system: str, play: Play, check: Check) -> None:
+    """An agent script's entry point: its options (``doc``: its docstring), its default system prompt."""
+    args = build_parser(doc).parse_args()
+    args.system = Path(args.system_file).read_text().strip() if args.system_file else system
+    run_agent(args, play, check)
+
+
 if __name__ == "__main__":
-    main()
+    main(__doc__, SYSTEM, play, check_the_run_trained_on_these_games)

@@ -7,7 +7,7 @@
 # EXPERIMENT names a folder of configs/ that holds experiment.yaml (how every row of the experiment is evaluated:
 # the env, split, turn limit, episodes, the config whose sampler settings every row plays with, the base model)
 # and one config per training stage. STAGE is `base` (the base model, evaluated only), `gateway` (the final
-# adapter of the run that experiment.yaml's `gateway.run` names in RUNS_DIR, evaluated only, written to its
+# adapter of the run of experiment.yaml's `gateway.config` in RUNS_DIR, evaluated only, written to its
 # `gateway.output`) or the name of a stage config (`sft`, `grpo_stepwise`, ...). A training stage trains its config
 # into RUNS_DIR (default runs/EXPERIMENT), resuming the run if RUNS_DIR already holds it, then writes
 # docs/results/EXPERIMENT/STAGE/: adapter/ (the final adapter, its tensors stored in bfloat16 to keep the
@@ -45,6 +45,8 @@ import sys
 
 import yaml
 
+from agentgym_rl.configs import load_config
+
 settings = yaml.safe_load(open(sys.argv[1]))
 ev = settings["eval"]
 args = ["--env", ev["env"], "--split", ev.get("split", "test"), "--config", ev["config"]]
@@ -54,7 +56,8 @@ for key, flag in (("max_turns", "--max-turns"), ("episodes", "--episodes"), ("sa
 for override in ev.get("set", []):
     args += ["--set", override]
 gateway = settings.get("gateway", {})
-fields = [settings["base_model"], gateway.get("run", ""), gateway.get("output", ""), *args]
+gateway_run = load_config(gateway["config"]).run.name if gateway else ""
+fields = [settings["base_model"], gateway_run, gateway.get("output", ""), *args]
 sys.stdout.write("".join(f + "\0" for f in fields))
 EOF
 )
@@ -64,6 +67,12 @@ out=docs/results/$experiment/$stage
 if [[ $stage == gateway ]]; then
   [[ -n $gateway_run ]] || { echo "run_stage.sh: $settings names no gateway run" >&2; exit 2; }
   out=$gateway_out
+fi
+config=configs/$experiment/$stage.yaml
+if [[ $stage != base && $stage != gateway && ( $stage == experiment || ! -f $config ) ]]; then
+  stages=$(ls "configs/$experiment" | grep -v '^experiment.yaml$' | sed 's/.yaml$//' | xargs)
+  echo "run_stage.sh: no stage $stage in configs/$experiment; stages: base, $stages" >&2
+  exit 2
 fi
 commands=()
 mkdir -p "$out"
@@ -77,12 +86,6 @@ elif [[ $stage == gateway ]]; then  # trained through the endpoint by the experi
   latest=$(find "$run/checkpoints" -maxdepth 1 -name 'iter_*' | sort | tail -1)
   [[ -n $latest ]] || { echo "run_stage.sh: no checkpoint in $run; run the experiment's gateway run first" >&2; exit 1; }
 else
-  config=configs/$experiment/$stage.yaml
-  if [[ $stage == experiment || ! -f $config ]]; then
-    stages=$(ls "configs/$experiment" | grep -v '^experiment.yaml$' | sed 's/.yaml$//' | xargs)
-    echo "run_stage.sh: no stage $stage in configs/$experiment; stages: base, $stages" >&2
-    exit 2
-  fi
   # the run's name, and the committed adapter the stage starts from (model.adapter), if any
   mapfile -t facts < <("$python" -c "import sys; from agentgym_rl.configs import load_config
 c = load_config(sys.argv[1]); print(c.run.name); print(c.model.adapter or '')" "$config")

@@ -45,6 +45,7 @@ CASES = {
     "missing run to view": (["view", "{tmp}/none"], "none"),
     "env without what to show": (["envs", "babyai"], "--instruction or --tasks"),
     "unknown env to show": (["envs", "nonesuch", "--instruction"], "nonesuch"),
+    "tool prompt of a text-only env": (["envs", "target-word", "--instruction", "--action-format", "tools"], "text"),
     "env options not an object": (["envs", "babyai", "--tasks", "test", "--options", "[1]"], "JSON object"),
     "unknown env option": (["envs", "babyai", "--tasks", "test", "--options", '{{"colour": 1}}'], "colour"),
     "unknown split": (["envs", "babyai", "--tasks", "dev"], "'dev'"),
@@ -124,6 +125,9 @@ def test_envs_prints_an_envs_instruction_and_task_ids(capsys):
 
     assert main(["envs", "babyai", "--instruction"]) == 0
     assert capsys.readouterr().out.strip() == make("babyai").instruction.strip()
+    assert main(["envs", "babyai", "--instruction", "--action-format", "tools"]) == 0
+    tool_prompt = capsys.readouterr().out.strip()
+    assert tool_prompt == make("babyai").tool_instruction.strip() and "go_to" in tool_prompt
     options = '{"levels": ["GoToRedBall", "GoToObjS6"], "test_seeds": 2}'
     assert main(["envs", "babyai", "--tasks", "test", "--options", options]) == 0
     # level i of BabyAI's 40 with seed s is task 40 s + i; GoToRedBall is level 1, GoToObjS6 level 3
