@@ -300,6 +300,16 @@ class ChatCompletionRequest(Body):
         "`X-Episode-Token` header does); anything else is accepted for OpenAI compatibility and ignored.",
     )
 
+    @field_validator("tools")
+    @classmethod
+    def _distinct_names(cls, tools: list[ToolSpec] | None) -> list[ToolSpec] | None:
+        # a call names its function: two functions of one name would make a reply's calls ambiguous
+        names = [tool.function.name for tool in tools or ()]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"each function in `tools` needs its own name; repeated: {', '.join(repeated)}")
+        return tools
+
     @field_validator("stop")
     @classmethod
     def _stops(cls, stop: str | list[str] | None) -> list[str] | None:

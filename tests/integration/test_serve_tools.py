@@ -173,8 +173,9 @@ ASSISTANT_CALL = {
         ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}]}, "messages.1.assistant", "`content` or `tool_calls`"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages.0.user.content", "only text content parts"),
         ({"tools": [{"type": "function", "function": {"name": "f"}, "cache": True}]}, "tools.0.cache", "unrecognized"),
+        ({"tools": [*TOOLS, TOOLS[0]]}, "tools", "repeated: " + TOOLS[0]["function"]["name"]),
     ],
-    ids=["schema-not-object", "required-without-tools", "unknown-named-tool", "unknown-call-id", "tool-without-call", "arguments-not-object", "empty-assistant", "image-part", "unknown-tool-field"],
+    ids=["schema-not-object", "required-without-tools", "unknown-named-tool", "unknown-call-id", "tool-without-call", "arguments-not-object", "empty-assistant", "image-part", "unknown-tool-field", "repeated-function-name"],
 )  # fmt: skip
 def test_each_bad_request_is_a_400_in_openais_shape_naming_the_field(client, change, param, words):
     request = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], **change}
