@@ -156,6 +156,7 @@ class SearchEnv(TextEnv):
         self._task_id = -1
         self._turns = 0
         self._done = False
+        self._seen: tuple[str, ...] = ()  # ids of the passages the episode's searches returned, sorted
 
     @property
     def instruction(self) -> str:
@@ -209,6 +210,7 @@ class SearchEnv(TextEnv):
         self._task_id = task_id
         self._turns = 0
         self._done = False
+        self._seen = ()
         return Observation(
             text=f"Question: {self._question.question}",
             info={"task_id": task_id, "question_id": self._question.id, "hops": len(self._question.hops)},
@@ -253,6 +255,12 @@ class SearchEnv(TextEnv):
         info["turns"] = self._turns
         return StepResult(observation=text, reward=reward, done=self._done, info=info)
 
+    @override
+    def state_key(self) -> tuple[str, ...] | None:
+        """The passages the episode's searches have returned so far (what the agent has read; the question is the
+        task's), as sorted ids; None before the first reset and once the answer is in."""
+        return None if self._question is None or self._done else self._seen
+
     def oracle_actions(self, task_id: int) -> list[str]:
         """Replies that search every gold hop's query, then answer; EnvError without gold hops."""
         question = self._question_of(task_id)
@@ -279,6 +287,7 @@ class SearchEnv(TextEnv):
 
     def _information(self, query: str) -> str:
         found = self.retriever.search(query, self.options.top_k)
+        self._seen = tuple(sorted({*self._seen, *(passage.id for passage in found)}))
         if not found:
             return "<information>No passage matches the query; try other words.</information>"
         docs = "\n".join(f"Doc {n} (Title: {p.title}) {p.text}" for n, p in enumerate(found, start=1))

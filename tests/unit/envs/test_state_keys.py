@@ -12,6 +12,7 @@ from agentgym_rl.envs.actor import EnvHost
 from agentgym_rl.envs.babyai import BabyAIEnv
 from agentgym_rl.envs.base import InvalidAction, Observation, StepResult, TextEnv, state_digest
 from agentgym_rl.envs.sciworld import SciWorldEnv
+from agentgym_rl.envs.search import SearchEnv
 from agentgym_rl.envs.target_word import TargetWordEnv
 from agentgym_rl.envs.textcraft import TextCraftEnv
 from agentgym_rl.envs.web import WebEnv
@@ -41,7 +42,7 @@ class Plain(TextEnv):
 
 def test_the_hook_defaults_to_none_and_the_host_stamps_its_digest():
     assert not Plain.has_state_key()
-    assert all(cls.has_state_key() for cls in (BabyAIEnv, TextCraftEnv, SciWorldEnv, WebEnv, TargetWordEnv))
+    assert all(cls.has_state_key() for cls in (BabyAIEnv, TextCraftEnv, SciWorldEnv, WebEnv, TargetWordEnv, SearchEnv))
     plain = EnvHost(f"{__name__}:Plain")
     assert plain.reset(0).state_key is None and plain.step("x").state_key is None
     assert state_digest(None) is None
@@ -69,6 +70,21 @@ def test_textcraft_key_is_the_inventory():
     after = host.step(f"Action: {get}").state_key
     assert after == state_digest(env.state_key()) != start
     assert host.step("Action: inventory").state_key == after
+
+
+def test_search_key_is_the_passages_read():
+    first, second = EnvHost("search"), EnvHost("search")
+    env: SearchEnv = first.env
+    task = env.tasks("test")[0]
+    *searches, answer = env.oracle_actions(task)
+    start = first.reset(task).state_key
+    assert start == state_digest(()) == second.reset(task).state_key
+    after = first.step(searches[0]).state_key
+    assert after != start and after == second.step(searches[0]).state_key  # another instance, same passages read
+    assert first.step(searches[0]).state_key == after  # the same search again reads nothing new
+    assert first.step("no tag at all").state_key == after  # an invalid action changes nothing
+    assert first.step(searches[1]).state_key not in (start, after)
+    assert first.step(answer).state_key is None  # the episode is over: no turn acts from there
 
 
 def test_target_word_key_is_the_turn():
