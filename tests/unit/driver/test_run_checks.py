@@ -45,12 +45,13 @@ def test_rollout_correction_refuses_the_samplers_own_old_logprobs():
 STAGES = ["grpo_stepwise", "grpo_fixed_short", "grpo_fixed_long", "gigpo_stepwise"]
 
 
+@pytest.mark.parametrize("experiment", ["babyai", "search"])
 @pytest.mark.parametrize("stage", STAGES)
-def test_babyai_rl_stages_differ_from_the_stepwise_one_only_where_their_headers_say(stage):
-    config = load_config(f"configs/babyai/{stage}.yaml", algorithm_keys=algorithm_keys)
+def test_rl_stages_differ_from_the_stepwise_one_only_where_their_headers_say(experiment, stage):
+    config = load_config(f"configs/{experiment}/{stage}.yaml", algorithm_keys=algorithm_keys)
     check_algorithm(config)
-    stepwise = load_config("configs/babyai/grpo_stepwise.yaml", algorithm_keys=algorithm_keys)
-    assert config.model.adapter == "docs/results/babyai/sft/adapter" and config.learner.lora.enabled
+    stepwise = load_config(f"configs/{experiment}/grpo_stepwise.yaml", algorithm_keys=algorithm_keys)
+    assert config.model.adapter == f"docs/results/{experiment}/sft/adapter" and config.learner.lora.enabled
     assert config.learner.lora == stepwise.learner.lora and config.trainer == stepwise.trainer
     assert config.sampler == stepwise.sampler and config.env == stepwise.env
     expected = {
