@@ -32,6 +32,13 @@ def ray_local():
     ray.shutdown()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest-xdist hands files out largest first (by test count) unless told otherwise, which would put the
+    one-test file of the GRPO learning test last; the order below is the one wanted."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Files that hold a long test of the CI tier (marked both `slow` and `ci`) run first, then files with any
     slow test, then the rest (order kept otherwise): the CI command runs the suite on three pytest-xdist workers,
