@@ -395,7 +395,7 @@ def test_reports_quoted_only_in_prose():
         ("**1.9e-05** (46 / 13)", "**1.8e-05** (46 / 13)"),  # a p value
         ("+0.165 [+0.092, +0.234]", "+0.165 [+0.092, +0.243]"),  # a paired interval
         ("evaluation 1,481 s", "evaluation 1,418 s"),  # a wall time
-        ("GoToObjS6 0.92", "GoToObjS6 0.29"),  # a level's rate
+        ("GoToRedBallGrey 0.34", "GoToRedBallGrey 0.43"),  # a level's rate
         ("| 22 / 9 | 0.029 | 0.059 |", "| 22 / 9 | 0.029 | 0.058 |"),  # a Holm p in the compare table
     ],
 )
