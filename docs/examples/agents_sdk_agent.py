@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 from pathlib import Path
 
@@ -171,10 +172,8 @@ async def play_turns(args: argparse.Namespace, env_id: int, first: str, seed: in
         ),
         tool_use_behavior=done_yet,
     )
-    try:
+    with contextlib.suppress(MaxTurnsExceeded):  # the turn limit ends the game like any other
         await Runner.run(agent, first, max_turns=args.turns)
-    except MaxTurnsExceeded:
-        pass  # the turn limit ends the game like any other
     await client.close()
     return model.replies, steps
 
