@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import takewhile
 from typing import TypeVar
 
 import ray
@@ -37,6 +38,7 @@ from agentgym_rl.actors.cluster import (
     sampler_room,
 )
 from agentgym_rl.actors.curriculum import CurriculumActor
+from agentgym_rl.actors.engines import EngineUnavailableError, engine_class
 from agentgym_rl.actors.sampler import EpisodeRequest, SamplerActor, start_collect
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.configs import Config
@@ -130,10 +132,20 @@ class SamplerPool:
         up. A plan below ``sampler.count`` is said in a warning: the pool grows when room appears.
 
         Raises:
-            PoolError: fewer than ``sampler.min_count`` started.
+            PoolError: the engine cannot run here (a package it needs is missing), or fewer than
+                ``sampler.min_count`` started.
         """
         cfg = self.config.sampler
-        self._spawn(env_actors)
+        try:  # checked here, where the message can reach the user, not in a sampler that would die of it
+            engine_class(cfg.engine).check_available(f"sampler.engine={cfg.engine!r}")
+        except EngineUnavailableError as exc:
+            raise self._error(str(exc)) from None
+        _, failures = self._spawn(env_actors)
+        if len(self.samplers) < cfg.min_count and failures:
+            raise self._error(
+                f"{len(failures)} of {len(env_actors)} sampler(s) did not start, leaving {len(self.samplers)}, below "
+                f"sampler.min_count={cfg.min_count}: " + "; ".join(sorted(set(failures)))
+            )
         self._check_minimum()
         if len(env_actors) < cfg.count:
             log.warning(
@@ -146,9 +158,9 @@ class SamplerPool:
             )
         log.info("sampler pool started", samplers=len(self.samplers), env_actors=self.env_actors())
 
-    def _spawn(self, env_actors: list[int]) -> list[ray.actor.ActorHandle]:
+    def _spawn(self, env_actors: list[int]) -> tuple[list[ray.actor.ActorHandle], list[str]]:
         """Start a sampler per entry of ``env_actors`` (with that many env actors), wait for them, load the
-        current weights, register them; returns those up."""
+        current weights, register them; returns those up, and why each of the others did not start."""
         cfg = self.config
         sampler_cls = ray.remote(SamplerActor)
         options = {
@@ -180,7 +192,7 @@ class SamplerPool:
             fresh.append(handle)
         probes = {s.state.remote(): s for s in fresh}
         ready, _ = ray.wait(list(probes), num_returns=len(probes), timeout=cfg.sampler.start_timeout_s)
-        started = []
+        started, failures = [], []
         for ref, handle in probes.items():
             try:
                 if ref not in ready:
@@ -190,12 +202,13 @@ class SamplerPool:
                     ray.get(handle.load_weights.remote(self.weights()))
                 started.append(handle)
             except (TimeoutError, ray.exceptions.RayError) as exc:
-                log.warning("sampler did not start", sampler=self.indices[handle], reason=first_line(exc))
+                failures.append(raised(exc))
+                log.warning("sampler did not start", sampler=self.indices[handle], reason=failures[-1])
                 ray.kill(handle, no_restart=True)
         if started:
             ray.get(self.curriculum.register.remote(started))
             self.samplers.extend(started)
-        return started
+        return started, failures
 
     def refresh(self, iteration: int) -> None:
         """The iteration-boundary check: drop dead samplers, grow both pools into the room the cluster
@@ -210,7 +223,8 @@ class SamplerPool:
         free = free_resources_per_node()
         room = self._sampler_room(free, self.max_count - len(self.samplers))
         if room:
-            counts["pool/samplers_added"] += len(self._spawn([self.config.sampler.envs_per_sampler] * room))
+            started, _ = self._spawn([self.config.sampler.envs_per_sampler] * room)
+            counts["pool/samplers_added"] += len(started)
         wanted = sum(max(self.max_envs - self.env_counts[s], 0) for s in self.samplers)
         room = fit_count(free, env_request(self.config.sampler), wanted) if wanted else 0
         if room:
@@ -342,7 +356,8 @@ class SamplerPool:
         dispatch = self.calls.pop(ref)
         self.lose(dispatch.sampler, iteration, reason)
         if not self.samplers and self._sampler_room(free_resources_per_node(), 1):
-            self.counters[iteration]["pool/samplers_added"] += len(self._spawn([self.config.sampler.envs_per_sampler]))
+            started, _ = self._spawn([self.config.sampler.envs_per_sampler])
+            self.counters[iteration]["pool/samplers_added"] += len(started)
         if not self.samplers:
             raise self._error(
                 f"every sampler died and no node has room to start a new one (each needs "
@@ -411,3 +426,14 @@ def completed(
 
 def first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".splitlines()[0]
+
+
+def raised(exc: BaseException) -> str:
+    """What an actor's own code raised, in one line. Ray's message for it (a constructor's or a method's
+    exception) starts with a generic line and ends with the remote traceback, whose last lines, the only ones
+    not indented, are the exception itself."""
+    if isinstance(exc, ray.exceptions.RayTaskError) or getattr(exc, "actor_init_failed", False):
+        tail = list(takewhile(lambda line: line[:1] not in ("", " "), reversed(str(exc).splitlines())))
+        if tail:
+            return " ".join(reversed(tail))
+    return first_line(exc)
