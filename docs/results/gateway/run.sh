@@ -48,14 +48,15 @@ EOF
 [[ ${#facts[@]} -eq 11 ]] || exit 2
 config=${facts[0]} name=${facts[1]} out=${facts[2]} agent=${facts[3]} action_format=${facts[4]} turns=${facts[5]}
 per_round=${facts[6]} group_size=${facts[7]} rounds=${facts[8]} max_tokens=${facts[9]} start_adapter=${facts[10]}
+# the agent's own imports (openai, requests, the Agents SDK): checked before anything starts
+if ! missing=$("$agent_python" "$agent" --help 2>&1 >/dev/null); then
+  echo "run.sh: $agent_python cannot run $agent (${missing##*$'\n'}); run ./install.sh --dev or set AGENT_PYTHON" >&2
+  exit 2
+fi
 if [[ $start_adapter == docs/results/*/adapter && ! -f $start_adapter/adapter_model.safetensors ]]; then
   start_stage=${start_adapter#docs/results/}  # a committed adapter no longer in the tree: restore it from history
   "$python" docs/results/restore_adapter.py "${start_stage%/adapter}"
 fi
-"$agent_python" -c "import openai, requests" 2>/dev/null || {
-  echo "run.sh: $agent_python lacks openai or requests; run ./install.sh --dev or set AGENT_PYTHON" >&2
-  exit 2
-}
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
 levels='{"levels": ["GoToRedBallGrey", "GoToRedBall", "GoToRedBallNoDists", "GoToObjS6"], "test_seeds": 50}'
 work=$(mktemp -d)
