@@ -27,6 +27,7 @@ from agents import (
     Agent,
     FunctionToolResult,
     MaxTurnsExceeded,
+    ModelBehaviorError,
     ModelSettings,
     OpenAIChatCompletionsModel,
     RunContextWrapper,
@@ -172,7 +173,9 @@ async def play_turns(args: argparse.Namespace, env_id: int, first: str, seed: in
         ),
         tool_use_behavior=done_yet,
     )
-    with contextlib.suppress(MaxTurnsExceeded):  # the turn limit ends the game like any other
+    # The turn limit ends the game like any other, and so does a call of a function the agent does not have
+    # (the SDK raises ModelBehaviorError for it): the game is lost, its episode closed with reward 0.
+    with contextlib.suppress(MaxTurnsExceeded, ModelBehaviorError):
         await Runner.run(agent, first, max_turns=args.turns)
     await client.close()
     return model.replies, steps
