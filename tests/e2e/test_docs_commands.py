@@ -52,6 +52,9 @@ RUN = {
     "agentgym-rl compare docs/results/babyai_tools/sft/eval.json docs/results/babyai_tools/grpo_fixed_short/eval.json": (
         "success B - A"
     ),
+    "agentgym-rl compare docs/results/babyai_tools/sft/eval.json docs/results/babyai_tools/gateway/eval.json": (
+        "success B - A"
+    ),
     'agentgym-rl plot "GRPO stepwise=docs/results/babyai/grpo_stepwise" "GRPO fixed 4=docs/results/babyai/'
     'grpo_fixed_short" "GRPO fixed 10=docs/results/babyai/grpo_fixed_long" "GiGPO stepwise=docs/results/babyai/'
     'gigpo_stepwise" --smooth 4 --title "BabyAI, SmolLM2-135M + LoRA from SFT: training success (trailing mean of '

@@ -21,6 +21,7 @@ STAGES = [
     "babyai/grpo_fixed_short",
     "babyai/grpo_stepwise",
     "babyai/sft",
+    "babyai_tools/gateway",
     "babyai_tools/grpo_fixed_short",
     "babyai_tools/sft",
     "gateway",
