@@ -218,7 +218,7 @@ def assert_samples_as_learner(engine, learner) -> torch.Tensor:
 def broadcast(learner, engine, adapter: bool) -> int:
     """One version from ``learner`` (rank 0) into ``engine`` over a fresh gloo group; returns the bytes."""
     identities = engine.weight_group_identities(adapter)  # one per member the engine takes (vLLM: per worker)
-    assert choose_transport(learner.device_identity(), identities) == "gloo"  # every end is on the CPU
+    assert choose_transport(learner.device_identity(), identities) == "gloo"  # the learner is on the CPU
     group = address(1 + len(identities))
     with ThreadPoolExecutor(1) as pool:
         joined = pool.submit(learner.join_weight_group, group)
@@ -234,7 +234,8 @@ def broadcast(learner, engine, adapter: bool) -> int:
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_broadcast_and_object_store_both_sample_the_learners_distribution(kind, lora, tokenizer):
     extra = ["learner.lora.enabled=true", "learner.lora.target_modules=all-linear"] if lora else []
-    learner = make_learner("sft", "learner.lr=2e-2", *extra)
+    # The learner on the CPU makes the sync gloo's wherever the engine is (on a GPU machine: CPU to GPU).
+    learner = make_learner("sft", "learner.lr=2e-2", "learner.device=cpu", *extra)
     engine = tiny_engine(tokenizer, kind)
     try:
         learner.update_batch(batch_of(seed=1))
