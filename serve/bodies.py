@@ -81,7 +81,10 @@ def content_text(content: str | list[TextPart] | None) -> str | None:
 
 
 class SystemMessage(Body):
-    role: Literal["system"] = Field(description="The system prompt (the functions offered are shown after it).")
+    role: Literal["system", "developer"] = Field(
+        description="The system prompt (the functions offered are shown after it); `developer`, OpenAI's name for "
+        "it with its newer models, is read as `system`."
+    )
     content: Content = Field(description=CONTENT)
     name: str | None = Field(None, description="Accepted for OpenAI compatibility; not shown to the model.")
 

@@ -677,8 +677,8 @@ def declare_episode_links(paths: dict) -> None:
 
 
 def messages_of(body: ChatCompletionRequest) -> list[dict[str, Any]]:
-    """``body``'s messages in the form the tool formats and the episode book read: ``role`` and ``content`` as
-    text (parts joined; None for an assistant message that only made calls), an assistant message's
+    """``body``'s messages in the form the tool formats and the episode book read: ``role`` (``developer`` read as
+    ``system``) and ``content`` as text (parts joined; None for an assistant message that only made calls), an assistant message's
     ``tool_calls`` as :class:`~agentgym_rl.envs.tools.ToolCall` s, a tool message's ``tool_call_id``.
 
     Raises:
@@ -688,7 +688,8 @@ def messages_of(body: ChatCompletionRequest) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
     answerable: list[str] = []  # the ids of the calls the next tool message may answer
     for index, sent in enumerate(body.messages):
-        message: dict[str, Any] = {"role": sent.role, "content": content_text(sent.content)}
+        role = "system" if sent.role == "developer" else sent.role
+        message: dict[str, Any] = {"role": role, "content": content_text(sent.content)}
         if isinstance(sent, ToolMessage):
             if sent.tool_call_id not in answerable:
                 made = f"made {answerable}" if answerable else "made none"

@@ -241,6 +241,18 @@ def test_seed_reproduces_a_sampled_completion(client):
     assert sample(123) != sample(124)
 
 
+def test_a_developer_message_is_read_as_the_system_prompt(client):
+    def reply(role: str, seed: int = 5):
+        messages = [{"role": role, "content": "Answer in one word."}, *CHAT]
+        return client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, seed=seed)
+
+    as_developer, as_system = reply("developer"), reply("system")
+    assert as_developer.choices[0].message.content == as_system.choices[0].message.content
+    assert as_developer.usage.prompt_tokens == as_system.usage.prompt_tokens
+    # as a user turn the same text is no system prompt: the chat template adds its default one
+    assert reply("user").usage.prompt_tokens != as_system.usage.prompt_tokens
+
+
 def test_n_choices_in_one_response_and_one_stream(client):
     reply = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=8, n=3, seed=5)
     assert [c.index for c in reply.choices] == [0, 1, 2]
