@@ -123,10 +123,10 @@ def test_the_schema_names_the_served_model_and_its_caps(schemas):
 def test_the_schema_declares_function_calling_in_requests_and_replies(schemas):
     chat = schemas["ChatCompletionRequest"]["properties"]
     assert {"tools", "tool_choice", "parallel_tool_calls"} <= set(chat)
-    roles = {
-        schemas[ref.rsplit("/", 1)[-1]]["properties"]["role"]["const"]
-        for ref in chat["messages"]["items"]["discriminator"]["mapping"].values()
-    }
-    assert roles == {"system", "user", "assistant", "tool"}
+    mapping = chat["messages"]["items"]["discriminator"]["mapping"]
+    assert set(mapping) == {"system", "developer", "user", "assistant", "tool"}
+    for role, ref in mapping.items():  # each role's message schema admits that role
+        declared = schemas[ref.rsplit("/", 1)[-1]]["properties"]["role"]
+        assert role in declared.get("enum", [declared.get("const")]), role
     assert "tool_calls" in schemas["AssistantMessage"]["properties"]
     assert "tool_calls" in schemas["Choice"]["properties"]["finish_reason"]["enum"]
