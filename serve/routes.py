@@ -678,8 +678,9 @@ def declare_episode_links(paths: dict) -> None:
 
 def messages_of(body: ChatCompletionRequest) -> list[dict[str, Any]]:
     """``body``'s messages in the form the tool formats and the episode book read: ``role`` (``developer`` read as
-    ``system``) and ``content`` as text (parts joined; None for an assistant message that only made calls), an assistant message's
-    ``tool_calls`` as :class:`~agentgym_rl.envs.tools.ToolCall` s, a tool message's ``tool_call_id``.
+    ``system``) and ``content`` as text (parts joined; None for an assistant message that only made calls), an
+    assistant message's ``tool_calls`` as :class:`~agentgym_rl.envs.tools.ToolCall` s, a tool message's
+    ``tool_call_id``.
 
     Raises:
         APIError: 400 for a ``tool`` message that answers none of the calls of the assistant message its run of
