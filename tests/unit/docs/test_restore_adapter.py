@@ -25,6 +25,7 @@ STAGES = [
     "babyai_tools/grpo_fixed_short",
     "babyai_tools/sft",
     "gateway",
+    "textcraft/grpo_fixed",
     "textcraft/sft",
 ]
 
