@@ -55,6 +55,8 @@ RUN = {
     "agentgym-rl compare docs/results/babyai_tools/sft/eval.json docs/results/babyai_tools/gateway/eval.json": (
         "success B - A"
     ),
+    'agentgym-rl compare SFT=docs/results/textcraft/sft/eval.json "GRPO fixed 15=docs/results/textcraft/grpo_fixed/'
+    'eval.json" base=docs/results/textcraft/base/eval.json': "| GRPO fixed 15 |",
     'agentgym-rl plot "GRPO stepwise=docs/results/babyai/grpo_stepwise" "GRPO fixed 4=docs/results/babyai/'
     'grpo_fixed_short" "GRPO fixed 10=docs/results/babyai/grpo_fixed_long" "GiGPO stepwise=docs/results/babyai/'
     'gigpo_stepwise" --smooth 4 --title "BabyAI, SmolLM2-135M + LoRA from SFT: training success (trailing mean of '
@@ -78,6 +80,7 @@ SKIP = {
     "docs/results/gateway/run.sh babyai_tools": "the Agents SDK gateway row: an env server, a training run and an agent",
     "docs/results/run_stage.sh babyai_tools gateway runs": EVALUATION,
     "docs/results/run_stage.sh textcraft base": "a results row: the base model on 200 held-out goals, 21 minutes",
+    "STAGE_SECONDS=5400 docs/results/run_stage.sh textcraft grpo_fixed": "a results row's training, 90 minutes a part",
     "docs/results/run_stage.sh search base": EVALUATION,
     "STAGE_SECONDS=6000 docs/results/run_stage.sh search grpo_stepwise": "a results row's training, 100 minutes a part",
     "STAGE_SECONDS=6000 docs/results/run_stage.sh babyai grpo_stepwise": "a results row's training, 100 minutes a part",
