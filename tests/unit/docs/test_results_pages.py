@@ -155,13 +155,10 @@ def check_categories(header: str, cell: str, report: dict) -> list[str]:
     problems = []
     for name, text in zip(names.split(" / "), values, strict=True):
         # "by depth (1 / 2)" names the categories "depth 1", "depth 2"; "by hops (2 / 3)" names "2 hops", "3 hops"
-        found = [
-            report["categories"][key] for key in (f"{word} {name}", f"{name} {word}") if key in report["categories"]
-        ]
-        if not found:
+        category = report["categories"].get(f"{word} {name}") or report["categories"].get(f"{name} {word}")
+        if category is None:
             problems.append(f"the report has no category '{word} {name}' or '{name} {word}'")
             continue
-        category = found[0]
         value = category["success_rate"] * (1 if "." in text else category["episodes"])
         if not agrees(text, value):
             problems.append(f"{name} {text}, the report {value:.3f}")
