@@ -25,6 +25,7 @@ STAGES = [
     "babyai_tools/grpo_fixed_short",
     "babyai_tools/sft",
     "gateway",
+    "search/grpo_fixed_short",
     "search/sft",
     "textcraft/grpo_fixed",
     "textcraft/sft",
