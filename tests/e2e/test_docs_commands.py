@@ -57,8 +57,12 @@ RUN = {
     ),
     'agentgym-rl compare SFT=docs/results/textcraft/sft/eval.json "GRPO fixed 15=docs/results/textcraft/grpo_fixed/'
     'eval.json" base=docs/results/textcraft/base/eval.json': "| GRPO fixed 15 |",
-    'agentgym-rl compare SFT=docs/results/search/sft/eval.json "GRPO fixed 4=docs/results/search/grpo_fixed_short/'
-    'eval.json" base=docs/results/search/base/eval.json': "| GRPO fixed 4 |",
+    'agentgym-rl compare SFT=docs/results/search/sft/eval.json "GRPO stepwise=docs/results/search/grpo_stepwise/'
+    'eval.json" "GRPO fixed 4=docs/results/search/grpo_fixed_short/eval.json" base=docs/results/search/base/eval.json': (
+        "| GRPO stepwise |"
+    ),
+    'agentgym-rl compare "GRPO stepwise=docs/results/search/grpo_stepwise/eval.json" "GRPO fixed 4=docs/results/'
+    'search/grpo_fixed_short/eval.json"': "success B - A",
     'agentgym-rl plot "GRPO stepwise=docs/results/babyai/grpo_stepwise" "GRPO fixed 4=docs/results/babyai/'
     'grpo_fixed_short" "GRPO fixed 10=docs/results/babyai/grpo_fixed_long" "GiGPO stepwise=docs/results/babyai/'
     'gigpo_stepwise" --smooth 4 --title "BabyAI, SmolLM2-135M + LoRA from SFT: training success (trailing mean of '

@@ -26,6 +26,7 @@ STAGES = [
     "babyai_tools/sft",
     "gateway",
     "search/grpo_fixed_short",
+    "search/grpo_stepwise",
     "search/sft",
     "textcraft/grpo_fixed",
     "textcraft/sft",
