@@ -63,6 +63,9 @@ RUN = {
     ),
     'agentgym-rl compare "GRPO stepwise=docs/results/search/grpo_stepwise/eval.json" "GRPO fixed 4=docs/results/'
     'search/grpo_fixed_short/eval.json"': "success B - A",
+    'agentgym-rl plot "GRPO stepwise=docs/results/search/grpo_stepwise" "GRPO fixed 4=docs/results/search/'
+    'grpo_fixed_short" --smooth 4 --title "Deep Search, SmolLM2-135M + LoRA from SFT: training success (trailing '
+    'mean of 4)" --output docs/results/search/curves.png': "docs/results/search/curves.png",
     'agentgym-rl plot "GRPO stepwise=docs/results/babyai/grpo_stepwise" "GRPO fixed 4=docs/results/babyai/'
     'grpo_fixed_short" "GRPO fixed 10=docs/results/babyai/grpo_fixed_long" "GiGPO stepwise=docs/results/babyai/'
     'gigpo_stepwise" --smooth 4 --title "BabyAI, SmolLM2-135M + LoRA from SFT: training success (trailing mean of '
