@@ -6,13 +6,14 @@ against its task group. The step level compares turns that acted from the same e
 an episode included) form a step group, and each turn's discounted return is normalised within it.
 A token of turn k of episode i gets A_E(i) + step_weight * A_S(i, k).
 
-The env supplies the state key through ``TextEnv.state_key`` (BabyAI, TextCraft, SciWorld, web and
-target-word do); a turn without one, or alone in its step group, gets the episode-level advantage only,
+The env supplies the state key through ``TextEnv.state_key`` (BabyAI, TextCraft, SciWorld, Deep Search,
+web and target-word do); a turn without one, or alone in its step group, gets the episode-level advantage only,
 so on an env without state keys GiGPO is GRPO (the driver warns at start).
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
 import torch
@@ -56,11 +57,18 @@ class GiGPO(GroupRelative):
         return True
 
     @override
-    def compared_values(self, trajectory: Trajectory) -> list[list[float]]:
-        """The episode's shaped reward and its step-level returns: a group whose episodes all got the same
-        reward can still rank turns from a shared state (e.g. a shorter way to success)."""
+    def compared_values(self, trajectory: Trajectory) -> dict[Hashable, list[float]]:
+        """The episode's shaped reward, compared across the group's episodes, and each anchored turn's discounted
+        return, compared within its step group (the group's turns from the same state): a group whose episodes
+        all got the same reward still carries signal when a shared state ranks its turns (e.g. a shorter way to
+        success), and none when every step group's returns are equal too (e.g. one path taken by every episode)."""
         rewards = self.shaped_turn_rewards(trajectory)
-        return [[sum(rewards)], turn_level_returns(rewards, self.config.gamma)]
+        compared: dict[Hashable, list[float]] = {"episode": [sum(rewards)]}
+        returns = turn_level_returns(rewards, self.config.gamma)
+        for state, turn_return in zip(trajectory.state_keys, returns, strict=False):  # no keys in older records
+            if state is not None:
+                compared.setdefault(("state", state), []).append(turn_return)
+        return compared
 
     @override
     def estimate_advantages(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -9,7 +9,7 @@ against the sampler/learner mismatch, plus the KL loss term and the entropy bonu
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Literal, Protocol
 
 import torch
@@ -415,17 +415,17 @@ class GroupRelative(PolicyGradient):
     def skips_uninformative_groups(self) -> bool:
         return self.config.skip_uniform_groups and not self.config.kl_shapes_rewards
 
-    def compared_values(self, trajectory: Trajectory) -> list[list[float]]:
-        """What the advantages compare across a group, one list per kind of quantity: here the episode's
-        shaped reward, or its turn-level returns with ``credit=turn``. A group carries no signal when every
-        kind's values are equal across its episodes."""
+    def compared_values(self, trajectory: Trajectory) -> dict[Hashable, list[float]]:
+        """What the advantages compare across a group, by what each value is compared with: here the episode's
+        shaped reward, or its turn-level returns with ``credit=turn`` (all of a group's turns compared together).
+        A group carries no signal when, under every key, the values its episodes give are all equal."""
         rewards = self.shaped_turn_rewards(trajectory)
         if isinstance(self.config, TurnCreditParams) and self.config.credit == "turn":
-            return [turn_level_returns(rewards, self.config.turn_gamma)]
+            return {"turns": turn_level_returns(rewards, self.config.turn_gamma)}
         zero = self.config.truncated == "zero_reward" and trajectory.truncated
         # The recorded outcome, less the overlong penalties (a sum of step rewards could round differently).
         overlong = self.config.overlong_penalty * sum(trajectory.turn_capped)
-        return [[(0.0 if zero else trajectory.reward) - overlong]]
+        return {"episode": [(0.0 if zero else trajectory.reward) - overlong]}
 
     @override
     def select_trajectories(self, trajectories: list[Trajectory]) -> list[Trajectory]:
@@ -433,12 +433,15 @@ class GroupRelative(PolicyGradient):
         ``skip_uniform_groups`` applies."""
         if not trajectories or not self.skips_uninformative_groups:
             return trajectories
-        compared = [self.compared_values(t) for t in trajectories]
-        informative: set[int] = set()
-        for kind in range(len(compared[0])):
-            values = [v for per_trajectory in compared for v in per_trajectory[kind]]
-            groups = [t.group for t, per in zip(trajectories, compared, strict=True) for _ in per[kind]]
-            if values:
-                uniform = uniform_groups(torch.tensor(values), torch.tensor(groups))
-                informative |= {g for g, flat in zip(groups, uniform.tolist(), strict=True) if not flat}
+        pairs: list[tuple[int, Hashable]] = []  # (group, key) of each compared value
+        values: list[float] = []
+        for trajectory in trajectories:
+            for key, compared in self.compared_values(trajectory).items():
+                pairs += [(trajectory.group, key)] * len(compared)
+                values += compared
+        if not values:
+            return []
+        ids = {pair: i for i, pair in enumerate(dict.fromkeys(pairs))}
+        uniform = uniform_groups(torch.tensor(values), torch.tensor([ids[pair] for pair in pairs]))
+        informative = {group for (group, _), flat in zip(pairs, uniform.tolist(), strict=True) if not flat}
         return [t for t in trajectories if t.group in informative]

@@ -100,6 +100,19 @@ def test_gigpo_keeps_a_uniform_reward_group_whose_shared_states_rank_turns():
     assert build_algorithm("grpo", {"credit": "turn", "turn_gamma": 0.9}).select_trajectories(trajectories) == wins
 
 
+def test_gigpo_skips_a_uniform_reward_group_whose_step_groups_are_level_too():
+    # Group 0: both episodes take one path; group 1: the same length through different states, so no state
+    # is shared at a different return; group 2: one episode wins. Only group 2 gets a nonzero advantage.
+    same_path = [episode(0, [0, 0, 1], ["s0", "s1", "s2"]), episode(0, [0, 0, 1], ["s0", "s1", "s2"])]
+    same_length = [episode(1, [0, 1], ["s0", "a"]), episode(1, [0, 1], ["s0", "b"])]
+    mixed = [episode(2, [0, 1], ["s0", "s1"]), episode(2, [0, 0], ["s0", "s1"])]
+    algo = build_algorithm("gigpo", {})
+    batch = collate([*same_path, *same_length, *mixed], pad_token_id=0)
+    advantages = algo.compute_advantages(batch)
+    assert (advantages[:4] == 0).all() and (advantages[4:][batch["loss_mask"][4:] == 1] != 0).all()
+    assert algo.select_trajectories([*same_path, *same_length, *mixed]) == mixed
+
+
 def test_turn_credit_uses_the_per_turn_rewards_with_a_turn_discount():
     trajectories = [episode(0, [0.5, 0.0, 1.0]), episode(0, [2.0])]
     batch = collate(trajectories, pad_token_id=0)
