@@ -97,7 +97,7 @@ c = load_config(sys.argv[1]); print(c.run.name); print(c.model.adapter or '')" "
   run=$runs/$name
   part=$out/part
   if [[ ! -f $run/config.yaml && -d $part ]]; then  # a part committed by an earlier sitting
-    if ! sha256sum --check --quiet "$part/checkpoint.sha256" 2>/dev/null; then  # its checkpoint lives in history
+    if ! sha256sum --check --quiet "$part/checkpoint.sha256" >/dev/null 2>&1; then  # its checkpoint lives in history
       "$python" docs/results/restore_adapter.py --files "$part/checkpoint.sha256"
     fi
     mkdir -p "$run/checkpoints"
