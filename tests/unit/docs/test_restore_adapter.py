@@ -25,6 +25,7 @@ STAGES = [
     "babyai_tools/grpo_fixed_short",
     "babyai_tools/sft",
     "gateway",
+    "search/grpo_fixed_long",
     "search/grpo_fixed_short",
     "search/grpo_stepwise",
     "search/sft",
@@ -88,10 +89,20 @@ def test_an_unknown_stage_is_refused_with_the_stages():
 
 
 def test_a_stage_name_only_one_experiment_has_is_enough(clone: Path):
-    done = restore(clone, "grpo_fixed_long")
+    removed = "docs/results/textcraft/grpo_fixed/adapter/adapter_model.safetensors"
+    assert not (clone / removed).exists()
+
+    done = restore(clone, "grpo_fixed")
 
     assert done.returncode == 0, done.stderr
-    assert sha256(clone / REMOVED) == recorded_sha256(REMOVED)
+    assert sha256(clone / removed) == recorded_sha256(removed)
+
+
+def test_a_stage_name_several_experiments_have_is_refused_with_them():
+    done = restore(REPO, "grpo_fixed_long")  # refused before it reads any history or writes anything
+
+    assert done.returncode == 2
+    assert "several stages are called 'grpo_fixed_long': babyai/grpo_fixed_long, search/grpo_fixed_long" in done.stderr
 
 
 def test_the_manifest_records_the_tracked_sft_adapter():
