@@ -58,8 +58,11 @@ RUN = {
     'agentgym-rl compare SFT=docs/results/textcraft/sft/eval.json "GRPO fixed 15=docs/results/textcraft/grpo_fixed/'
     'eval.json" base=docs/results/textcraft/base/eval.json': "| GRPO fixed 15 |",
     'agentgym-rl compare SFT=docs/results/search/sft/eval.json "GRPO fixed 10=docs/results/search/grpo_fixed_long/'
-    'eval.json" "GRPO stepwise=docs/results/search/grpo_stepwise/eval.json" "GRPO fixed 4=docs/results/search/'
-    'grpo_fixed_short/eval.json" base=docs/results/search/base/eval.json': "| GRPO fixed 10 |",
+    'eval.json" "GiGPO stepwise=docs/results/search/gigpo_stepwise/eval.json" "GRPO stepwise=docs/results/search/'
+    'grpo_stepwise/eval.json" "GRPO fixed 4=docs/results/search/grpo_fixed_short/eval.json" base=docs/results/search/'
+    "base/eval.json": "| GiGPO stepwise |",
+    "agentgym-rl compare GRPO=docs/results/search/grpo_stepwise/eval.json GiGPO=docs/results/search/gigpo_stepwise/"
+    "eval.json": "success B - A",
     "agentgym-rl compare docs/results/search/sft/eval.json docs/results/search/grpo_fixed_long/eval.json": (
         "success B - A"
     ),
@@ -68,7 +71,8 @@ RUN = {
         "| GRPO fixed 10 |"
     ),
     'agentgym-rl plot "GRPO stepwise=docs/results/search/grpo_stepwise" "GRPO fixed 4=docs/results/search/'
-    'grpo_fixed_short" "GRPO fixed 10=docs/results/search/grpo_fixed_long" --smooth 4 --title "Deep Search, SmolLM2-135M + LoRA from SFT: training success (trailing '
+    'grpo_fixed_short" "GRPO fixed 10=docs/results/search/grpo_fixed_long" "GiGPO stepwise=docs/results/search/'
+    'gigpo_stepwise" --smooth 4 --title "Deep Search, SmolLM2-135M + LoRA from SFT: training success (trailing '
     'mean of 4)" --output docs/results/search/curves.png': "docs/results/search/curves.png",
     'agentgym-rl plot "GRPO stepwise=docs/results/babyai/grpo_stepwise" "GRPO fixed 4=docs/results/babyai/'
     'grpo_fixed_short" "GRPO fixed 10=docs/results/babyai/grpo_fixed_long" "GiGPO stepwise=docs/results/babyai/'

@@ -25,6 +25,7 @@ STAGES = [
     "babyai_tools/grpo_fixed_short",
     "babyai_tools/sft",
     "gateway",
+    "search/gigpo_stepwise",
     "search/grpo_fixed_long",
     "search/grpo_fixed_short",
     "search/grpo_stepwise",
