@@ -102,6 +102,16 @@ class Engine(abc.ABC):
             "give the engine a build_serving method"
         )
 
+    def serving(self, *, max_rows: int, max_kv_tokens: int, max_requests: int) -> ServingEngine:
+        """This engine in serving form, which samplers generate through: requests submitted one at a time, whenever
+        each is ready. The shipped engines admit each request into the running batch as it arrives and let it leave
+        when its reply is done (continuous batching). This default drives ``generate`` batch by batch
+        (:class:`~actors.engines.serving.BatchServing`): requests that wait together form one call. Arguments as
+        for :meth:`build_serving`."""
+        from agentgym_rl.actors.engines.serving import BatchServing
+
+        return BatchServing(self, max_rows=max_rows, max_requests=max_requests)
+
     @classmethod
     def check_available(cls, setting: str) -> None:
         """Raise :class:`EngineUnavailableError` when this machine lacks what the engine needs (a package), before

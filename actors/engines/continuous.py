@@ -1,4 +1,4 @@
-"""Continuous batching over the transformers engine's decode step, for serving.
+"""Continuous batching over the transformers engine's decode step, for serving and for samplers.
 
 One scheduler task owns the engine's model. Each turn of its loop, run in a worker thread so the
 event loop keeps accepting requests:
@@ -17,15 +17,21 @@ request caused, fails every request of the batch (each with that error).
 
 Key/value memory is bounded: a row reserves ``len(prompt) + max_new_tokens`` positions, and rows
 are admitted only while ``rows * longest reservation <= max_kv_tokens`` (the batch is as wide as
-its longest row). Weight loads run in the same loop, between steps, when nothing is decoding.
+its longest row). Weight loads (and any other ``exclusive`` work) run in the same loop, between steps,
+when nothing is decoding.
+
+A sampler's turns are keyed requests: a row reuses what the engine's prefix cache holds of its prompt (its
+episode's earlier turns, or an opening another episode shares) and, the step it finishes, its keys/values are
+copied out of the batch into that cache for the episode's next turn.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import structlog
 
@@ -38,9 +44,9 @@ from agentgym_rl.actors.engines.serving import (
     choice_seed,
     seeded_generator,
 )
-from agentgym_rl.actors.weights import WeightsPayload
 
 log = structlog.get_logger()
+T = TypeVar("T")
 
 
 @dataclass(eq=False)
@@ -76,7 +82,7 @@ class ContinuousBatcher(ServingEngine):
         self.max_kv_tokens = max_kv_tokens
         self.batch = engine.decode_batch(keep_finished=False)
         self.waiting: deque[_Pending] = deque()
-        self.loads: deque[tuple[WeightsPayload, asyncio.Future]] = deque()
+        self.work: deque[tuple[Callable[[], object], asyncio.Future]] = deque()  # exclusive work, run when idle
         self.wake = asyncio.Event()
         self.scheduler: asyncio.Task | None = None
         self.counters = {
@@ -86,6 +92,8 @@ class ContinuousBatcher(ServingEngine):
             "finished": 0,
             "abandoned": 0,
             "failed": 0,
+            "admitted_while_decoding": 0,  # rows that joined a batch other rows were decoding in
+            "peak_rows": 0,
         }
 
     @property
@@ -136,21 +144,21 @@ class ContinuousBatcher(ServingEngine):
                 self.counters["abandoned"] += 1
                 self.wake.set()
 
-    async def _load(self, payload: WeightsPayload) -> None:
+    async def _exclusive(self, work: Callable[[], T]) -> T:
         done = asyncio.get_running_loop().create_future()
-        self.loads.append((payload, done))
+        self.work.append((work, done))
         if self.scheduler is None or self.scheduler.done():
             self.scheduler = asyncio.get_running_loop().create_task(self._schedule())
         self.wake.set()
-        await done
+        return await done
 
     async def _schedule(self) -> None:
         while True:
             self.waiting = deque(p for p in self.waiting if not p.abandoned)
             dropped = [row for row in self.batch.rows if row.tag[0].abandoned]
             live = len(self.batch.rows) - len(dropped)
-            if self.loads and not live and not self.waiting:
-                await self._swap_weights(dropped)
+            if self.work and not live and not self.waiting:
+                await self._run_work(dropped)
                 continue
             admitted = self._admissible(live)
             if not live and not admitted:
@@ -206,12 +214,19 @@ class ContinuousBatcher(ServingEngine):
         if not self.batch.rows:
             return []
         self.counters["steps"] += 1
-        return self.batch.step()
+        self.counters["peak_rows"] = max(self.counters["peak_rows"], len(self.batch.rows))
+        events = self.batch.step()
+        for event in events:
+            row = event.row
+            if row.kept is not None:  # a keyed row finished: keep its keys/values for the episode's next turn
+                self.engine.keep(row.tag[0].request.key, row.tag[0].request.prompt_ids, row.tokens, row.kept)
+                row.kept = None
+        return events
 
     def _prefill(self, admitted: list[_Pending]) -> None:
         """Prefill the rows of ``admitted`` together and merge them into the batch (which a failure leaves
         as it was: rows are merged only after their forward)."""
-        prompts, rows = [], []
+        prompts, rows, keys = [], [], []
         for pending in admitted:
             request = pending.request
             stops = self.engine.stop_strings(request.params.stop)
@@ -222,12 +237,16 @@ class ContinuousBatcher(ServingEngine):
                     generator=None if request.seed is None else seeded_generator(choice_seed(request.seed, choice)),
                     stops=stops,
                     tag=(pending, choice),
+                    keep_cache=request.key is not None and request.n == 1 and self.engine.caching,
                 )
                 for choice in range(request.n)
             ]
             prompts += [request.prompt_ids] * request.n
             rows += pending.rows
-        self.counters["prefill_tokens"] += self.batch.add(prompts, rows)
+            keys += [request.key] * request.n
+        if self.batch.rows:
+            self.counters["admitted_while_decoding"] += len(rows)
+        self.counters["prefill_tokens"] += self.engine.admit(self.batch, prompts, rows, keys)
 
     def _prefill_each(self, admitted: list[_Pending]) -> list[tuple[_Pending, Exception]]:
         """Prefill each request alone; returns those that fail, with their errors."""
@@ -257,34 +276,45 @@ class ContinuousBatcher(ServingEngine):
         per_request: dict[_Pending, list[ChoiceDelta]] = {}
         for token in tokens:
             pending, choice = token.row.tag
-            per_request.setdefault(pending, []).append(
-                ChoiceDelta(
+            if token.finish_reason is not None:
+                self.counters["finished"] += 1
+            if pending.request.stream:
+                delta = ChoiceDelta(
                     choice=choice,
                     token_ids=(token.token_id,),
                     logprobs=(token.logprob,),
                     top_logprobs=(token.top_logprobs,) if token.row.params.top_logprobs else (),
                     finish_reason=token.finish_reason,
                 )
-            )
-            if token.finish_reason is not None:
-                self.counters["finished"] += 1
+            elif token.finish_reason is not None:  # the whole choice at once
+                row = token.row
+                delta = ChoiceDelta(
+                    choice=choice,
+                    token_ids=tuple(row.tokens),
+                    logprobs=tuple(row.logprobs),
+                    top_logprobs=tuple(row.top_logprobs),
+                    finish_reason=token.finish_reason,
+                )
+            else:
+                continue
+            per_request.setdefault(pending, []).append(delta)
         for pending, deltas in per_request.items():
             if not pending.abandoned:
                 pending.queue.put_nowait(deltas)
 
-    async def _swap_weights(self, dropped: list[Row]) -> None:
-        payload, done = self.loads.popleft()
+    async def _run_work(self, dropped: list[Row]) -> None:
+        work, done = self.work.popleft()
 
-        def swap() -> None:
+        def run() -> object:
             self.batch.drop(dropped)
-            self.engine.load_weights(payload)
+            return work()
 
         try:
-            await asyncio.to_thread(swap)
-        except Exception as exc:  # noqa: BLE001 -- the caller of load_weights gets it
+            result = await asyncio.to_thread(run)
+        except Exception as exc:  # noqa: BLE001 -- the caller of exclusive gets it
             done.set_exception(exc)
         else:
-            done.set_result(None)
+            done.set_result(result)
 
 
 def _coalesce(deltas: list[ChoiceDelta]) -> list[ChoiceDelta]:

@@ -1,4 +1,4 @@
-"""The decode step shared by the sampler's batched ``generate`` and the server's continuous batching.
+"""The decode step shared by the engine's batch ``generate`` and continuous batching (samplers and serving).
 
 A :class:`DecodeBatch` holds the rows (completions) decoded together: one key/value cache for all of
 them, the attention mask over its columns, each row's next position id and the logits its next token
@@ -7,9 +7,10 @@ settings and random stream, and runs one forward for the rows that go on. Two wa
 
 * ``TransformersEngine.generate`` adds all its rows at once (cached prefixes reused, see
   ``transformers_engine``) and steps until every row is done; finished rows stay in the batch as
-  masked padding (``keep_finished``), exactly the computation the sampler has always run.
-* ``ContinuousBatcher`` (serving) adds rows between steps (their prompts prefilled, then merged
-  into the running batch) and drops a row the step it finishes or its client goes away.
+  masked padding (``keep_finished``).
+* ``ContinuousBatcher`` (samplers' turns and serving) adds rows between steps (their prompts prefilled,
+  cached prefixes reused, then merged into the running batch) and drops a row the step it finishes
+  (first copying out its keys/values when the caller keeps them) or its client goes away.
 
 A row whose next-token probabilities are not finite (its logits overflowed: a prompt that drives a
 half-precision activation past its range) fails alone: it samples nothing more, the step reports a
@@ -58,6 +59,10 @@ class Row:
             another device than the batch's is replaced by one on the batch's device, seeded from it.
         stops: matcher of ``params.stop`` (None when there are none).
         tag: the caller's handle on the row (the batch never reads it).
+        keep_cache: when the row finishes in a batch that drops finished rows, copy its keys/values out first
+            into ``kept`` (the caller stores them for the episode's next turn).
+        kept: per layer (keys, values), each ``(H_kv, len(prompt) + len(tokens) - 1, D)``: the row's real
+            positions, its last token excluded (it was never fed).
         counts: (V,) occurrences of each token in the reply, kept only for penalised rows.
         failure: why the row stopped without finishing (see :class:`RowFailure`); it samples no more.
     """
@@ -66,6 +71,8 @@ class Row:
     generator: torch.Generator | None = None
     stops: StopStrings | None = None
     tag: Any = None
+    keep_cache: bool = False
+    kept: list[tuple[torch.Tensor, torch.Tensor]] | None = None
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
@@ -255,6 +262,12 @@ class DecodeBatch:
             events.append(StepToken(row, token, lps[i], top, row.finish_reason))
         going = [i for i, row in enumerate(rows) if not row.done]
         if not self.keep_finished and len(going) < len(rows):
+            for i in running:
+                if rows[i].keep_cache and rows[i].finish_reason is not None:
+                    columns = self.attention[i].nonzero().flatten()  # the row's real positions, in order
+                    rows[i].kept = [
+                        (layer.keys[i][:, columns], layer.values[i][:, columns]) for layer in self.cache.layers
+                    ]
             self._select(going)
             sampled = sampled[torch.tensor(going, device=self.device, dtype=torch.long)]
         if not going:

@@ -23,7 +23,7 @@ from agentgym_rl.actors.adapters import AdapterMerger, read_checked_adapter
 from agentgym_rl.actors.engines.base import Engine, EngineSpec, Generation
 from agentgym_rl.actors.engines.continuous import ContinuousBatcher
 from agentgym_rl.actors.engines.decode import DecodeBatch, Row
-from agentgym_rl.actors.engines.kv_cache import CachedPrefix, EpisodeKVCache, kv_bytes_per_token
+from agentgym_rl.actors.engines.kv_cache import CachedPrefix, PrefixKVCache, kv_bytes_per_token
 from agentgym_rl.actors.engines.sampling import SamplingParams, StopStrings
 from agentgym_rl.actors.engines.serving import ServingEngine
 from agentgym_rl.actors.model_store import load_model, load_tokenizer
@@ -78,7 +78,7 @@ class TransformersEngine(Engine):
         budget = max_cached_tokens if full_attention else 0
         if fit_cache_to_memory and self.device.type == "cuda":
             budget = min(budget, self._tokens_in_free_memory(asked=budget))
-        self.kv_cache = EpisodeKVCache(budget)
+        self.kv_cache = PrefixKVCache(budget)
         self.counters = {"prefill_tokens": 0, "reused_tokens": 0}
 
     @classmethod
@@ -99,9 +99,13 @@ class TransformersEngine(Engine):
     @override
     def build_serving(cls, spec: EngineSpec, *, max_rows: int, max_kv_tokens: int, max_requests: int) -> ServingEngine:
         """Continuous batching over this engine's decode step (``ContinuousBatcher``)."""
-        return ContinuousBatcher(
-            cls.build(spec), max_rows=max_rows, max_kv_tokens=max_kv_tokens, max_requests=max_requests
-        )
+        return cls.build(spec).serving(max_rows=max_rows, max_kv_tokens=max_kv_tokens, max_requests=max_requests)
+
+    @override
+    def serving(self, *, max_rows: int, max_kv_tokens: int, max_requests: int) -> ServingEngine:
+        """Continuous batching over this engine's decode step (``ContinuousBatcher``); keyed requests reuse and
+        keep keys/values in this engine's prefix cache."""
+        return ContinuousBatcher(self, max_rows=max_rows, max_kv_tokens=max_kv_tokens, max_requests=max_requests)
 
     def _tokens_in_free_memory(self, asked: int) -> int:
         """Key/value positions that half the GPU memory free now holds: a decode batch copies the positions
@@ -113,8 +117,14 @@ class TransformersEngine(Engine):
 
     @property
     def stats(self) -> dict[str, int]:
-        """Prompt ids prefilled and reused so far, and the cache's current size and evictions."""
-        return {**self.counters, "cached_tokens": self.kv_cache.tokens, "cache_evictions": self.kv_cache.evictions}
+        """Prompt ids prefilled and reused so far (``shared_tokens``: reused from another episode's entry), and the
+        cache's current size and evictions."""
+        return {
+            **self.counters,
+            "shared_tokens": self.kv_cache.shared_tokens,
+            "cached_tokens": self.kv_cache.tokens,
+            "cache_evictions": self.kv_cache.evictions,
+        }
 
     @functools.cached_property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -150,11 +160,6 @@ class TransformersEngine(Engine):
         if not prompts:
             return []
         batch = len(prompts)
-        keys = keys if keys is not None and self.kv_cache.max_tokens > 0 else [None] * batch
-        reused = [
-            self.kv_cache.lookup(key, prompt) if key is not None else (0, None)
-            for key, prompt in zip(keys, prompts, strict=True)
-        ]
         params = SamplingParams.from_config(sampling)
         stops = self.stop_strings(params.stop)
         rows = [
@@ -163,34 +168,50 @@ class TransformersEngine(Engine):
         ]
         # Finished rows stay as masked padding: the batch keeps one shape from prefill to the end.
         decode = self.decode_batch(keep_finished=True)
-        self.counters["prefill_tokens"] += decode.add(prompts, rows, reused)
-        self.counters["reused_tokens"] += sum(length for length, _ in reused)
+        keys = keys if keys is not None else [None] * batch
+        self.admit(decode, prompts, rows, keys)
         while decode.running:
             decode.step()
         if failed := [row.failure for row in rows if row.failure is not None]:
             raise failed[0]
-        self._keep(keys, prompts, [row.tokens for row in rows], decode.cache, decode.attention)
+        for index, (key, prompt, row) in enumerate(zip(keys, prompts, rows, strict=True)):
+            if key is not None and self.caching:
+                columns = decode.attention[index].nonzero().flatten()  # the row's real positions, in order
+                layers = [
+                    (layer.keys[index][:, columns], layer.values[index][:, columns]) for layer in decode.cache.layers
+                ]
+                self.keep(key, prompt, row.tokens, layers)
         return [
             Generation(token_ids=row.tokens, logprobs=row.logprobs, finish_reason=row.finish_reason) for row in rows
         ]
 
-    def _keep(
-        self,
-        keys: list[Hashable | None],
-        prompts: list[list[int]],
-        tokens: list[list[int]],
-        cache: DynamicCache,
-        attention: torch.Tensor,
+    @property
+    def caching(self) -> bool:
+        """Whether keys/values are kept between turns (a token budget above 0)."""
+        return self.kv_cache.max_tokens > 0
+
+    def admit(self, batch: DecodeBatch, prompts: list[list[int]], rows: list[Row], keys: list[Hashable | None]) -> int:
+        """Prefill ``prompts`` into ``batch`` as ``rows``, each reusing what the prefix cache holds of it (its
+        key's own entry, or the longest prefix another entry shares); returns the prompt ids run through the
+        model."""
+        reused = [
+            self.kv_cache.lookup(key, prompt) if self.caching else (0, None)
+            for key, prompt in zip(keys, prompts, strict=True)
+        ]
+        prefilled = batch.add(prompts, rows, reused)
+        self.counters["prefill_tokens"] += prefilled
+        self.counters["reused_tokens"] += sum(length for length, _ in reused)
+        return prefilled
+
+    def keep(
+        self, key: Hashable, prompt: list[int], reply: list[int], layers: list[tuple[torch.Tensor, torch.Tensor]]
     ) -> None:
-        """Store each keyed row's processed ids (prompt + reply minus its last token) and their keys/values."""
-        for row, key in enumerate(keys):
-            if key is None:
-                continue
-            columns = attention[row].nonzero().flatten()  # the row's real positions, in order
-            ids = prompts[row] + tokens[row][:-1]
-            assert len(columns) == len(ids), "cache columns and processed ids disagree"
-            layers = [(layer.keys[row][:, columns], layer.values[row][:, columns]) for layer in cache.layers]
-            self.kv_cache.store(key, CachedPrefix(ids=ids, layers=layers))
+        """Store what a keyed row processed (``prompt`` + ``reply`` minus its last token) with its keys/values
+        ``layers`` (per layer, each ``(H_kv, len(ids), D)``) for the key's next turn and for episodes that start
+        alike."""
+        ids = prompt + reply[:-1]
+        assert all(k.shape[1] == len(ids) for k, _ in layers), "cache columns and processed ids disagree"
+        self.kv_cache.store(key, CachedPrefix(ids=ids, layers=layers))
 
     def load_tensors(self, tensors: dict[str, torch.Tensor], version: int, lora_scale: float | None) -> None:
         """Adopt ``tensors``. On CPU the parameters become the tensors themselves (no copy); for a payload

@@ -31,8 +31,8 @@ import importlib.util
 import itertools
 import pickle
 import threading
-from collections.abc import AsyncIterator, Coroutine, Hashable
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Coroutine, Hashable
+from typing import Any, TypeVar
 
 import torch
 from typing_extensions import override
@@ -44,7 +44,6 @@ from agentgym_rl.actors.engines.serving import ChoiceDelta, CompletionRequest, S
 from agentgym_rl.actors.model_store import load_model, model_dir
 from agentgym_rl.actors.transport import DeviceIdentity, SharedWeights
 from agentgym_rl.actors.weight_sync import GroupAddress, WeightGroup, free_address
-from agentgym_rl.actors.weights import WeightsPayload
 from agentgym_rl.configs.schema import SamplingConfig
 
 WORKER_EXTENSION = "agentgym_rl.actors.engines.vllm_worker.WeightLoader"
@@ -55,6 +54,7 @@ LEARNER, LOCAL = "learner", "local"
 SEED_BOUND = 2**31 - 1
 CPU_KV_CACHE_BYTES = 1024**3
 DEFAULT_STEP_TOKENS = 2048  # vLLM's own scheduler budget, kept as the floor on CPU
+T = TypeVar("T")
 
 
 def _import_vllm() -> dict[str, Any]:
@@ -222,7 +222,15 @@ class VLLMEngine(Engine):
     def build_serving(cls, spec: EngineSpec, *, max_rows: int, max_kv_tokens: int, max_requests: int) -> ServingEngine:
         """vLLM's own asynchronous engine, decoding at most ``max_rows`` sequences; it sizes its paged cache from
         the GPU memory it is given (``max_kv_tokens`` is not used)."""
-        return VLLMServingEngine(cls._from_spec(spec, max_num_seqs=max_rows), max_requests=max_requests)
+        return cls._from_spec(spec, max_num_seqs=max_rows).serving(
+            max_rows=max_rows, max_kv_tokens=max_kv_tokens, max_requests=max_requests
+        )
+
+    @override
+    def serving(self, *, max_rows: int, max_kv_tokens: int, max_requests: int) -> ServingEngine:
+        """Every request straight into vLLM's own scheduler (``VLLMServingEngine``); vLLM bounds the rows it
+        decodes at once by its own ``max_num_seqs`` and sizes its paged cache itself."""
+        return VLLMServingEngine(self, max_requests=max_requests)
 
     @classmethod
     @override
@@ -482,7 +490,7 @@ class VLLMServingEngine(ServingEngine):
         loop: asyncio.AbstractEventLoop,
     ) -> None:
         """On vLLM's loop: stream one choice's outputs into ``queue`` on the caller's ``loop``."""
-        params = self.engine.sampling_params(request.params, seed, stream=True)
+        params = self.engine.sampling_params(request.params, seed, stream=request.stream)
         prompt = self.engine.tokens_prompt(request.prompt_ids)
         try:
             async for output in self.engine.llm.generate(prompt, params, request_id=self.engine.next_request_id()):
@@ -501,11 +509,14 @@ class VLLMServingEngine(ServingEngine):
                     else ("length" if completion.finish_reason == "length" else "stop"),
                 )
                 loop.call_soon_threadsafe(queue.put_nowait, delta)
+            cached = getattr(output, "num_cached_tokens", None) or 0  # prompt ids served by the prefix cache
+            self.engine.stats["prefill_tokens"] += len(request.prompt_ids) - cached
+            self.engine.stats["reused_tokens"] += cached
         except Exception as exc:  # noqa: BLE001 -- the reading request raises it
             loop.call_soon_threadsafe(queue.put_nowait, exc)
 
-    async def _load(self, payload: WeightsPayload) -> None:
-        await asyncio.to_thread(self.engine.load_weights, payload)
+    async def _exclusive(self, work: Callable[[], T]) -> T:
+        return await asyncio.to_thread(work)
 
 
 def _top(step: dict[int, Any], count: int) -> tuple[tuple[int, float], ...]:
