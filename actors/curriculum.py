@@ -1,11 +1,12 @@
-"""Interaction-horizon curriculum (ScalingInter-RL) and the actor that pushes it to samplers."""
+"""Interaction-horizon curriculum (ScalingInter-RL) and the actor that owns a run's horizon.
+
+The horizon reaches the samplers on each episode request (``EpisodeRequest.horizon``), never pushed: the driver
+asks the actor at each iteration start and puts the answer on the requests it launches."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping, Sequence
 
-import ray
 import structlog
 
 from agentgym_rl.configs.schema import CurriculumConfig
@@ -67,7 +68,7 @@ def adaptive_advance(config: CurriculumConfig, stage_history: Sequence[Mapping[s
 
 
 class CurriculumActor:
-    """Owns the current horizon and pushes every change to all registered samplers.
+    """Owns the current horizon: its schedule, its adaptive stage and the changes so far.
 
     Args:
         config: the curriculum section.
@@ -76,7 +77,6 @@ class CurriculumActor:
     def __init__(self, config: CurriculumConfig) -> None:
         hide_unreserved_gpus()
         self.config = config
-        self.samplers: list[ray.actor.ActorHandle] = []
         self.changes: list[dict] = []
         # adaptive schedule: index into ``horizons`` and the metrics reported at that horizon
         self.stage = 0
@@ -88,14 +88,8 @@ class CurriculumActor:
             return self.config.horizons[self.stage]
         return horizon_at(self.config, iteration)
 
-    async def register(self, samplers: list[ray.actor.ActorHandle]) -> int:
-        """Add samplers and push the current horizon to them; returns the horizon."""
-        self.samplers.extend(samplers)
-        await self._push(samplers, self.horizon)
-        return self.horizon
-
     async def start_iteration(self, iteration: int) -> dict:
-        """Move to ``iteration``; if its horizon differs, push it to every sampler before returning.
+        """Move to ``iteration``: the horizon of the episodes launched from now on.
 
         Returns:
             ``{"horizon": h, "changed": bool}``.
@@ -106,7 +100,6 @@ class CurriculumActor:
             log.info("horizon changed", iteration=iteration, old=self.horizon, new=horizon)
             self.changes.append({"iteration": iteration, "from": self.horizon, "to": horizon})
             self.horizon = horizon
-            await self._push(self.samplers, horizon)
         return {"horizon": self.horizon, "changed": changed}
 
     async def report(self, iteration: int, metrics: Mapping[str, float]) -> dict:
@@ -154,15 +147,10 @@ class CurriculumActor:
         }
 
     async def load_state(self, state: dict) -> int:
-        """Restore ``state`` and push its horizon to every registered sampler."""
+        """Restore ``state``; returns its horizon."""
         self.horizon = state["horizon"]
         self.changes = list(state["changes"])
         # Checkpoints written before the adaptive schedule existed lack these two keys.
         self.stage = state.get("stage", 0)
         self.stage_history = list(state.get("stage_history", []))
-        await self._push(self.samplers, self.horizon)
         return self.horizon
-
-    @staticmethod
-    async def _push(samplers: list[ray.actor.ActorHandle], horizon: int) -> None:
-        await asyncio.gather(*(s.set_horizon.remote(horizon) for s in samplers))

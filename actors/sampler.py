@@ -72,7 +72,7 @@ class EpisodeRequest:
     task_id: int
     group: int
     seed: int
-    horizon: int | None = None  # the episode's turn limit; None: the horizon the curriculum last pushed
+    horizon: int  # the episode's turn limit (its env's curriculum's at the iteration that launched it)
 
 
 class SamplerActor:
@@ -136,7 +136,6 @@ class SamplerActor:
         self.instruction: str | None = None
         self.functions: list[Function] = []
         self.free_envs: asyncio.Queue | None = None
-        self.horizon: int | None = None
         self.pending: list[tuple[list[int], torch.Generator, int, asyncio.Future]] = []
         self.wake: asyncio.Event | None = None
         self.engine_lock: asyncio.Lock | None = None
@@ -160,11 +159,6 @@ class SamplerActor:
             for handle in self.envs:
                 self.free_envs.put_nowait(handle)
             self.batch_task = asyncio.get_running_loop().create_task(self._batch_loop())
-
-    async def set_horizon(self, horizon: int) -> int:
-        """Adopt ``horizon`` for episodes that start from now on (running ones keep theirs)."""
-        self.horizon = horizon
-        return self.horizon
 
     async def load_weights(self, payload_ref: list[ray.ObjectRef]) -> int:
         """Load the weights behind ``payload_ref[0]`` (wrapped in a list so Ray passes the reference)."""
@@ -219,10 +213,9 @@ class SamplerActor:
         return self.engine.weights_version
 
     async def state(self) -> dict:
-        """Horizon, weights version and generation counters of this sampler."""
+        """Weights version and generation counters of this sampler."""
         return {
             "index": self.index,
-            "horizon": self.horizon,
             "weights_version": self.engine.weights_version,
             "env_actors": len(self.envs),
             **self.stats,
@@ -234,25 +227,14 @@ class SamplerActor:
 
         Call it through ``start_collect``, which sets ``num_returns`` to the number of requests: each
         trajectory is then its own object, stored once and owned by the caller, so it outlives this sampler.
-
-        Raises:
-            RuntimeError: a request without a horizon, and none pushed by the curriculum yet.
         """
         self._ensure_loop_state()
-        pushed = self.horizon
-        if pushed is None and any(request.horizon is None for request in requests):
-            raise RuntimeError(
-                f"sampler {self.index} has no horizon; give each request one or register the sampler with the "
-                "CurriculumActor first"
-            )
         self.collects += 1
         try:
             if self.instruction is None:
                 await asyncio.gather(*(self._started(env) for env in self.envs))
                 self.instruction, self.functions = await self._instruction()
-            trajectories = await asyncio.gather(
-                *(self._play(request, request.horizon or pushed) for request in requests)
-            )
+            trajectories = await asyncio.gather(*(self._play(request, request.horizon) for request in requests))
         finally:
             self.collects -= 1
             if not self.collects:  # the rollout is over: the learner's update needs the memory more

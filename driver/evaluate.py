@@ -23,7 +23,6 @@ from scipy import stats
 from agentgym_rl.actors.adapters import is_policy_dir, policy_source
 from agentgym_rl.actors.cluster import init_ray, node_capacities, plan_actors
 from agentgym_rl.actors.model_store import model_dir
-from agentgym_rl.actors.pools import SamplerPool, completed
 from agentgym_rl.actors.rundir import CONFIG_FILE, POLICY_DIR, RunDir, latest_if_run
 from agentgym_rl.actors.sampler import EpisodeRequest
 from agentgym_rl.actors.trajectory import Trajectory
@@ -32,6 +31,7 @@ from agentgym_rl.configs.errors import AgentGymError
 from agentgym_rl.configs.loader import apply_override, format_validation_error
 from agentgym_rl.driver.mix import check_action_format
 from agentgym_rl.driver.needs import pool_need
+from agentgym_rl.driver.samplers import SamplerGroup
 from agentgym_rl.envs import env_class, make
 
 log = structlog.get_logger()
@@ -266,26 +266,27 @@ def episode_seeds(seed: int, task_id: int, samples: int) -> list[int]:
 
 
 def play(config: Config, tasks: list[int], samples: int, max_turns: int) -> tuple[list[tuple[int, Trajectory]], dict]:
-    """Play every task ``samples`` times on a sampler pool sized like a run's (``sampler.count`` samplers as the
+    """Play every task ``samples`` times on a sampler group sized like a run's (``sampler.count`` samplers as the
     cluster has room, at least ``sampler.min_count``); a task whose sampler dies is played again, from the same
-    seeds, on a survivor. Returns the (seed, trajectory) pairs by task, then sample, and the pool's ``pool/*``
+    seeds, on a survivor. Returns the (seed, trajectory) pairs by task, then sample, and the group's ``pool/*``
     counts (samplers lost, task groups moved).
 
     Raises:
         ClusterError: the pool's minimum does not fit the cluster.
         PoolError: every sampler died and the cluster has no room for another.
+        SamplerFailed: code inside a sampler raised (its env or engine failed).
     """
-    pool = SamplerPool(config)
-    pool.start(plan_actors(node_capacities(), [], [pool_need(config.env.name, config.sampler)])[0])
+    samplers = SamplerGroup(config)
+    samplers.start([config], plan_actors(node_capacities(), [], [pool_need(config.env.name, config.sampler)]))
     calls, seeds = {}, []
     for group, task_id in enumerate(tasks):
         seeds.append(episode_seeds(config.run.seed, task_id, samples))
         requests = [EpisodeRequest(task_id=task_id, group=group, seed=seed, horizon=max_turns) for seed in seeds[-1]]
-        calls[pool.submit(pool.samplers[group % len(pool.samplers)], requests)] = (pool, group)
+        calls[samplers.submit(requests)] = group
     # Tasks finish in any order; the log reports progress about every tenth of them.
     played: dict[int, list[Trajectory]] = {}
     every, successes = max(len(tasks) // 10, 1), 0
-    for group, _, trajectories in completed(calls, None):
+    for group, _, trajectories in samplers.completed(calls, None):
         played[group] = trajectories
         successes += sum(t.success for t in trajectories)
         if len(played) % every == 0 or len(played) == len(tasks):
@@ -293,7 +294,7 @@ def play(config: Config, tasks: list[int], samples: int, max_turns: int) -> tupl
             log.info("eval progress", tasks=f"{len(played)}/{len(tasks)}", success_rate=round(successes / episodes, 3))
     # collect returns a call's trajectories in the order of its requests, so they line up with its seeds.
     pairs = [pair for group, task_seeds in enumerate(seeds) for pair in zip(task_seeds, played[group], strict=True)]
-    return pairs, pool.metrics(None)
+    return pairs, samplers.metrics(None)
 
 
 def run_eval(options: EvalOptions) -> tuple[dict, Path]:

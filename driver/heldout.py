@@ -16,13 +16,12 @@ import structlog
 from rich.progress import Progress
 
 from agentgym_rl.actors.curriculum import largest_horizon
-from agentgym_rl.actors.pools import PoolError, SamplerPool, completed
 from agentgym_rl.actors.sampler import EpisodeRequest
 from agentgym_rl.configs import Config
 from agentgym_rl.driver.errors import TrainError
 from agentgym_rl.driver.evaluate import EvalError, episode_seeds, pick_tasks, wilson_interval
 from agentgym_rl.driver.mix import apportion, env_run_config, mix_entries
-from agentgym_rl.driver.rollout_dispatch import RolloutDispatch
+from agentgym_rl.driver.samplers import PoolError, SamplerGroup
 from agentgym_rl.envs import EnvError, make
 
 log = structlog.get_logger()
@@ -40,7 +39,7 @@ class HeldOutTasks:
 
     Args:
         config: the resolved run config.
-        rollouts: the run's rollout dispatch, whose sampler pools play the tasks (opened by the time ``play``
+        samplers: the run's sampler group, which plays the tasks (one pool per env, started by the time ``play``
             is first called).
         plays_episodes: whether the run has samplers (``Trainer.plays_episodes``); a run without them skips
             the held-out tasks and says so in a warning.
@@ -50,9 +49,9 @@ class HeldOutTasks:
             test tasks than its share.
     """
 
-    def __init__(self, config: Config, rollouts: RolloutDispatch, *, plays_episodes: bool = True) -> None:
+    def __init__(self, config: Config, samplers: SamplerGroup, *, plays_episodes: bool = True) -> None:
         self.config = config
-        self.rollouts = rollouts
+        self.samplers = samplers
         self.every = config.trainer.heldout_every
         self.tasks: list[list[int]] = []  # each env's held-out task ids, in env order
         self.horizons: list[int] = []  # each env's turn limit for them
@@ -88,19 +87,17 @@ class HeldOutTasks:
 
         Raises:
             TrainError: a pool lost its last sampler and has no room to start another.
+            SamplerFailed: code inside a sampler raised (its env or engine failed).
         """
         if not self.due(iteration):
             return {}
         started = time.perf_counter()
-        calls: dict = {}
-        group = 0
-        for slot, env_tasks, horizon in zip(self.rollouts.slots, self.tasks, self.horizons, strict=True):
-            samplers = slot.pool.samplers
-            for local, task_id in enumerate(env_tasks):
-                seed = episode_seeds(self.config.run.seed, task_id, 1)[0]
+        calls: dict[int, int] = {}  # call -> group
+        for env, (env_tasks, horizon) in enumerate(zip(self.tasks, self.horizons, strict=True)):
+            for task_id in env_tasks:
+                seed, group = episode_seeds(self.config.run.seed, task_id, 1)[0], len(calls)
                 request = EpisodeRequest(task_id=task_id, group=group, seed=seed, horizon=horizon)
-                calls[slot.pool.submit(samplers[local % len(samplers)], [request])] = (slot.pool, group)
-                group += 1
+                calls[self.samplers.submit([request], env=env)] = group
         successes = self._await(calls, iteration, progress)
         low, high = wilson_interval(successes, len(calls))
         self.latest = {
@@ -128,8 +125,7 @@ class HeldOutTasks:
             f"[{self.latest['heldout/success_low']:.2f}, {self.latest['heldout/success_high']:.2f}]"
         )
 
-    @staticmethod
-    def _await(calls: dict[object, tuple[SamplerPool, int]], iteration: int, progress: Progress | None) -> int:
+    def _await(self, calls: dict[int, int], iteration: int, progress: Progress | None) -> int:
         """Wait for the held-out episodes (one a call; a call whose sampler died is played again on a survivor);
         returns how many succeeded."""
         bar = None
@@ -137,7 +133,7 @@ class HeldOutTasks:
             bar = progress.add_task(f"iteration {iteration} held-out tasks", total=len(calls), status="")
         successes = 0
         try:
-            for _, _, trajectories in completed(calls, iteration):
+            for _, _, trajectories in self.samplers.completed(calls, iteration):
                 successes += sum(t.success and not t.failed for t in trajectories)
                 if bar is not None:
                     progress.advance(bar, 1)

@@ -1,5 +1,6 @@
 """The learner group of a run: its learner actors (one, or a DeepSpeed group, in one placement group), their
-updates, checkpoint saves and loads, and their restart after one died.
+updates, checkpoint saves and loads, their restart after one died, and each weights version as the source that
+``SamplerGroup.sync_weights`` and the serving endpoint read it from.
 
 Each learner gets a bundle of ``learner.num_cpus`` CPUs, ``learner.num_gpus`` GPUs and ``learner.resources``
 (in colocated mode the bundle also holds its sampler's CPUs and resources, and the two share its GPUs);
@@ -21,10 +22,11 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from agentgym_rl.actors.cluster import ClusterError, Colocation, colocated_bundle, learner_request
 from agentgym_rl.actors.rundir import RunDir
-from agentgym_rl.actors.weight_sync import free_address
+from agentgym_rl.actors.transport import DeviceIdentity, SharedWeights
+from agentgym_rl.actors.weight_sync import GroupAddress, free_address
 from agentgym_rl.configs import Config
 from agentgym_rl.driver.errors import LearnerLost, TrainError
-from agentgym_rl.driver.rollout_dispatch import RolloutDispatch
+from agentgym_rl.driver.samplers import SamplerGroup
 from agentgym_rl.learner.actor import LearnerActor
 
 log = structlog.get_logger()
@@ -122,16 +124,18 @@ class LearnerGroup:
     Args:
         config: the resolved run config.
         run_dir: the run directory (its checkpoints decide what a dead learner's error suggests).
-        rollouts: the samplers, put to sleep during each update in colocated mode (they share the learners' GPUs).
+        samplers: the run's samplers, put to sleep during each update in colocated mode (they share the learners'
+            GPUs).
     """
 
-    def __init__(self, config: Config, run_dir: RunDir, rollouts: RolloutDispatch) -> None:
+    def __init__(self, config: Config, run_dir: RunDir, samplers: SamplerGroup) -> None:
         self.config = config
         self.run_dir = run_dir
-        self.rollouts = rollouts
+        self.samplers = samplers
         self.started: LearnerActors | None = None
         self.device = "cpu"  # where the learners compute (``cpu`` or ``cuda``), from their description
         self.restarts = 0
+        self.payload: list[ray.ObjectRef] | None = None  # the current version in the object store, once published
 
     @property
     def actors(self) -> list[ray.actor.ActorHandle]:
@@ -200,11 +204,11 @@ class LearnerGroup:
         the samplers sleep meanwhile (the learners bring their optimizer state in and out themselves)."""
         if self.config.trainer.placement != "colocated":
             return self.finish_update(self.start_update(refs))
-        slept = self.rollouts.call_samplers("sleep")
+        slept = self.samplers.call_all("sleep")
         try:
             metrics = self.finish_update(self.start_update(refs))
         finally:
-            woke = self.rollouts.call_samplers("wake")
+            woke = self.samplers.call_all("wake")
         return {**metrics, "time/sleep_s": slept, "time/wake_s": woke}
 
     def start_update(self, refs: list[ray.ObjectRef]) -> list[ray.ObjectRef]:
@@ -231,6 +235,50 @@ class LearnerGroup:
             return ray.get([learner.load_checkpoint.remote(str(path)) for learner in self.actors])[0]
         except ray.exceptions.RayActorError as exc:
             raise self.died("a checkpoint load", exc) from exc
+
+    # ----------------------------------------------------------------------------- the source of each version
+    # (``driver.samplers.WeightSource``: rank 0 sends; under ZeRO-3 every learner takes part in gathering)
+
+    def new_version(self) -> None:
+        """The learners hold a new version: the object store's copy of the last one is stale."""
+        self.payload = None
+
+    def published(self) -> list[ray.ObjectRef]:
+        """The current version in the object store (``[ref]``), put there by the learners on first need."""
+        if self.payload is None:
+            try:
+                self.payload = ray.get([learner.publish_weights.remote() for learner in self.actors])[0]
+            except ray.exceptions.RayActorError as exc:
+                raise self.died("the weight sync", exc) from exc
+        return self.payload
+
+    def published_bytes(self) -> int:
+        """The size of the version rank 0 put in the object store last."""
+        return ray.get(self.rank0.last_published_bytes.remote())
+
+    def device_identity(self) -> DeviceIdentity:
+        """Where rank 0 holds the tensors it sends."""
+        return ray.get(self.rank0.device_identity.remote())
+
+    def weight_group_address(self) -> tuple[str, int]:
+        """Where rank 0 hosts a weight group: its node's address and a port free there."""
+        return ray.get(self.rank0.weight_group_address.remote())
+
+    def join_weight_group(self, address: GroupAddress) -> ray.ObjectRef:
+        """Start rank 0's join of the weight group at ``address``."""
+        return self.rank0.join_weight_group.remote(address)
+
+    def broadcast_weights(self, bucket_bytes: int) -> list[ray.ObjectRef]:
+        """Start every learner's part of a broadcast of the current version in buckets of ``bucket_bytes``."""
+        return [learner.broadcast_weights.remote(bucket_bytes) for learner in self.actors]
+
+    def share_weights(self) -> SharedWeights:
+        """Share the current version's tensors by CUDA IPC from rank 0's GPU (every learner takes part)."""
+        return ray.get([learner.share_weights.remote() for learner in self.actors])[0]
+
+    def release_shared_weights(self) -> None:
+        """Let rank 0 go of the tensors ``share_weights`` shared."""
+        ray.get(self.rank0.release_shared_weights.remote())
 
     def stop(self) -> None:
         """Kill the learners and give their bundles back."""

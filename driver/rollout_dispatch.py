@@ -1,35 +1,34 @@
-"""Rollout dispatch: the run's envs (each a slot: its task draw and its elastic sampler pool), their horizons,
-and every episode's way to a sampler: an iteration's task groups launched and awaited, refills for dynamic
-sampling, and each env's report to its curriculum."""
+"""Rollout dispatch: the run's envs (each a slot: its task draw and its curriculum), their horizons, and what an
+iteration plays: its task groups launched on the ``SamplerGroup`` and awaited, refills for dynamic sampling, and
+each env's report to its curriculum."""
 
 from __future__ import annotations
-
-import time
-from collections.abc import Callable
 
 import ray
 import structlog
 from pydantic import ValidationError
 from rich.progress import Progress
 
-from agentgym_rl.actors.cluster import Colocation
-from agentgym_rl.actors.pools import PoolError, SamplerPool, completed, sampler_lost
+from agentgym_rl.actors.cluster import Colocation, on_this_node
+from agentgym_rl.actors.curriculum import CurriculumActor
 from agentgym_rl.actors.sampler import EpisodeRequest
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.configs import Config
 from agentgym_rl.configs.loader import format_validation_error
 from agentgym_rl.configs.schema import MixEntry
 from agentgym_rl.driver.errors import TrainError
-from agentgym_rl.driver.metrics import informative_groups, pool_metrics, rollout_metrics
+from agentgym_rl.driver.metrics import informative_groups, rollout_metrics
 from agentgym_rl.driver.mix import EnvSlot, apportion, env_metrics, env_run_config, mix_entries, schedule_seed
+from agentgym_rl.driver.samplers import PoolError, SamplerGroup
 from agentgym_rl.driver.tasks import TaskSchedule, episode_seed
 from agentgym_rl.envs import EnvError, TextEnv, make
 from agentgym_rl.learner.algorithms import Algorithm
 
 log = structlog.get_logger()
 
-# A collect call in flight -> (env index, task group); what ``launch_groups`` returns and ``await_rollout`` takes.
-Pending = dict[ray.ObjectRef, tuple[int, int]]
+# A collect call in flight (its ``SamplerGroup`` id) -> (env index, task group); what ``launch_groups`` returns
+# and ``await_rollout`` takes.
+Pending = dict[int, tuple[int, int]]
 
 
 class RolloutDispatch:
@@ -42,12 +41,14 @@ class RolloutDispatch:
         config: the resolved run config.
         algorithm: the driver's instance of the run's algorithm: which task groups it would skip (dynamic
             sampling).
+        samplers: the run's sampler group, which plays every episode (one pool per env, in env order).
     """
 
-    def __init__(self, config: Config, algorithm: Algorithm) -> None:
+    def __init__(self, config: Config, algorithm: Algorithm, samplers: SamplerGroup) -> None:
         self.config = config
         self.algorithm = algorithm
-        self.slots: list[EnvSlot] = []  # each env's task draw and sampler pool, once opened
+        self.samplers = samplers
+        self.slots: list[EnvSlot] = []  # each env's task draw and curriculum, once opened
         self.horizons: list[int] = []  # each env's horizon for the episodes launched next (``start_horizons``)
 
     @property
@@ -55,18 +56,9 @@ class RolloutDispatch:
         """Whether the run trains on a mix of envs (``envs``) rather than on ``env`` alone."""
         return bool(self.config.envs)
 
-    @property
-    def samplers(self) -> list[ray.actor.ActorHandle]:
-        """The live samplers of every env (the elastic pools shrink and grow during the run)."""
-        return [sampler for slot in self.slots for sampler in slot.pool.samplers]
-
-    def env_actors(self) -> int:
-        """The env actors of every live sampler."""
-        return sum(slot.pool.env_actors() for slot in self.slots)
-
     def open(self) -> None:
-        """Read every env's training tasks and share ``trainer.tasks_per_iteration`` among the envs; the sampler
-        pools start with ``start_pools``.
+        """Read every env's training tasks, share ``trainer.tasks_per_iteration`` among the envs and start each env's
+        curriculum; the sampler pools start with ``start_pools``.
 
         Raises:
             TrainError: an env of ``envs`` cannot be made (a one-env run raises the env's own error).
@@ -76,7 +68,7 @@ class RolloutDispatch:
         self.slots = [self._new_slot(i, entry, n) for i, (entry, n) in enumerate(zip(entries, shares, strict=True))]
 
     def _new_slot(self, index: int, entry: MixEntry, per_iteration: int) -> EnvSlot:
-        """Env ``index`` of the run: its task draw and its (not yet started) sampler pool."""
+        """Env ``index`` of the run: its task draw and its curriculum."""
         source = f"envs[{index}]" if self.mixed else "env"
         try:
             env = make(entry.name, entry.options)
@@ -93,12 +85,9 @@ class RolloutDispatch:
             env.close()
         schedule = TaskSchedule(tasks, per_iteration, schedule_seed(self.config.run.seed, index), source=source)
         derived = env_run_config(self.config, entry)
-        return EnvSlot(
-            name=entry.name,
-            config=derived,
-            schedule=schedule,
-            pool=SamplerPool(derived, label=entry.name if self.mixed else None),
-        )
+        # Beside the driver: losing it would lose the horizon schedule, so it shares only the driver's fate.
+        curriculum = ray.remote(CurriculumActor).options(num_cpus=0, **on_this_node()).remote(derived.curriculum)
+        return EnvSlot(name=entry.name, config=derived, schedule=schedule, curriculum=curriculum)
 
     def start_pools(self, plans: list[list[int]], *, bundles: Colocation | None) -> None:
         """Start each env's samplers by its plan (``driver.needs.plan_run``).
@@ -110,19 +99,17 @@ class RolloutDispatch:
         Raises:
             TrainError: a pool could not start.
         """
-        for slot, plan in zip(self.slots, plans, strict=True):
-            slot.pool.bundles = bundles
-            try:
-                slot.pool.start(plan)
-            except PoolError as exc:
-                raise TrainError(str(exc)) from exc
+        try:
+            self.samplers.start([slot.config for slot in self.slots], plans, bundles=bundles)
+        except PoolError as exc:
+            raise TrainError(str(exc)) from exc
 
     def describe(self) -> dict:
         """The start-up log's numbers of the rollout side."""
         cfg = self.config
         described = {
-            "samplers": len(self.samplers),
-            "env_actors": self.env_actors(),
+            "samplers": len(self.samplers.samplers),
+            "env_actors": self.samplers.env_actors(),
             "episodes_per_iteration": cfg.trainer.tasks_per_iteration * cfg.algorithm.group_size,
             "max_tokens_per_iteration": (
                 cfg.trainer.tasks_per_iteration * cfg.algorithm.group_size * cfg.sampler.max_context_tokens
@@ -136,9 +123,9 @@ class RolloutDispatch:
     # ----------------------------------------------------------------------------- an iteration's episodes
 
     def start_horizons(self, iteration: int) -> list[int]:
-        """Move every env's curriculum to ``iteration`` (pushing changed horizons to its samplers); returns
-        each env's horizon, in env order, which the episodes launched from now on carry in their requests."""
-        results = ray.get([slot.pool.curriculum.start_iteration.remote(iteration) for slot in self.slots])
+        """Move every env's curriculum to ``iteration``; returns each env's horizon, in env order, which the episodes
+        launched from now on carry in their requests."""
+        results = ray.get([slot.curriculum.start_iteration.remote(iteration) for slot in self.slots])
         for slot, result in zip(self.slots, results, strict=True):
             if result["changed"]:
                 log.info("horizon changed", env=slot.name, horizon=result["horizon"])
@@ -154,13 +141,13 @@ class RolloutDispatch:
         new room), draw this iteration's tasks of every env and start their episodes; returns each collect
         call's (env index, group). Groups are numbered across envs (env 0's tasks first), so every task
         of the iteration has its own group and episode seeds."""
-        for slot in self.slots:
-            try:
-                slot.pool.refresh(iteration)
-            except PoolError as exc:
-                raise TrainError(str(exc)) from exc
+        try:
+            self.samplers.refresh(iteration)
+        except PoolError as exc:
+            raise TrainError(str(exc)) from exc
         pending = self.launch_groups(iteration, [slot.schedule.next() for slot in self.slots], first_group=0)
-        log.info("rollout started", samplers=len(self.samplers), env_actors=self.env_actors(), groups=len(pending))
+        samplers, env_actors = len(self.samplers.samplers), self.samplers.env_actors()
+        log.info("rollout started", samplers=samplers, env_actors=env_actors, groups=len(pending))
         return pending
 
     def launch_groups(
@@ -172,10 +159,8 @@ class RolloutDispatch:
         group_size = group_size or self.config.algorithm.group_size
         pending = {}
         group = first_group
-        for index, (slot, env_tasks) in enumerate(zip(self.slots, tasks, strict=True)):
-            samplers = slot.pool.samplers
-            for local, task_id in enumerate(env_tasks):
-                sampler = samplers[local % len(samplers)]
+        for index, env_tasks in enumerate(tasks):
+            for task_id in env_tasks:
                 requests = [
                     EpisodeRequest(
                         task_id=task_id,
@@ -185,7 +170,7 @@ class RolloutDispatch:
                     )
                     for k in range(group_size)
                 ]
-                pending[slot.pool.submit(sampler, requests)] = (index, group)
+                pending[self.samplers.submit(requests, env=index)] = (index, group)
                 group += 1
         return pending
 
@@ -224,18 +209,20 @@ class RolloutDispatch:
         """Wait for the collect calls of ``launch_groups``; returns trajectory refs and trajectories, by group.
 
         A call whose sampler died (before or after it returned) is played again on a survivor of the same
-        env's pool (``actors.pools.completed``), so the iteration completes with every task group.
+        env's pool (``SamplerGroup.completed``), so the iteration completes with every task group.
+
+        Raises:
+            TrainError: a pool lost its last sampler and has no room to start another.
+            SamplerFailed: code inside a sampler raised (its env or engine failed).
         """
         group_size = self.config.algorithm.group_size
         bar = None
         if progress is not None:
             bar = progress.add_task(f"iteration {iteration} episodes", total=len(pending) * group_size, status="")
-        calls = {call: (self.slots[index].pool, group) for call, (index, group) in pending.items()}
+        calls = {call: group for call, (_, group) in pending.items()}
         by_group: dict[int, tuple[list[ray.ObjectRef], list[Trajectory]]] = {}
         try:
-            for group, refs, trajectories in completed(calls, iteration):
-                # The call's return values, owned by this process: the learner reads these very objects, whatever
-                # becomes of the sampler, and no trajectory is stored twice.
+            for group, refs, trajectories in self.samplers.completed(calls, iteration):
                 by_group[group] = (refs, trajectories)
                 if bar is not None:
                     progress.advance(bar, group_size)
@@ -265,41 +252,14 @@ class RolloutDispatch:
     def report(self, iteration: int, reports: list[dict]) -> None:
         """Tell each env's curriculum its ``env_reports`` entry (the adaptive schedule decides here; its advance
         applies from a later iteration)."""
-        ray.get([slot.pool.curriculum.report.remote(iteration, r) for slot, r in zip(self.slots, reports, strict=True)])
-
-    def pool_metrics(self, iteration: int) -> dict[str, float]:
-        """``iteration``'s ``pool/*`` metrics, summed over the envs' pools (none without samplers)."""
-        return pool_metrics([slot.pool.metrics(iteration) for slot in self.slots])
-
-    def receivers(self) -> list[tuple[SamplerPool, ray.actor.ActorHandle]]:
-        """Every live sampler with its pool (which a sampler lost on the way leaves)."""
-        return [(slot.pool, sampler) for slot in self.slots for sampler in slot.pool.samplers]
-
-    def offer_weights(self, weights: Callable[[], list[ray.ObjectRef]]) -> None:
-        """Give every pool ``weights``, which returns the current version's ``[ref]``: what samplers that join
-        later load."""
-        for slot in self.slots:
-            slot.pool.weights = weights
-
-    def call_samplers(self, method: str) -> float:
-        """Call ``method`` on every live sampler and wait (a lost sampler is dropped); returns the seconds."""
-        started = time.perf_counter()
-        calls = {getattr(sampler, method).remote(): (pool, sampler) for pool, sampler in self.receivers()}
-        for ref, (pool, sampler) in calls.items():
-            try:
-                ray.get(ref)
-            except ray.exceptions.RayError as exc:
-                if not sampler_lost(exc):
-                    raise
-                pool.lose(sampler, None, exc)
-        return time.perf_counter() - started
+        ray.get([slot.curriculum.report.remote(iteration, r) for slot, r in zip(self.slots, reports, strict=True)])
 
     # ----------------------------------------------------------------------------- state a checkpoint keeps
 
     def state(self) -> dict:
         """Each env's task draw and curriculum state as a checkpoint stores them: ``envs.<name>.task_schedule``
         and ``envs.<name>.curriculum``."""
-        curricula = ray.get([slot.pool.curriculum.state.remote() for slot in self.slots])
+        curricula = ray.get([slot.curriculum.state.remote() for slot in self.slots])
         states = {
             slot.name: {"task_schedule": slot.schedule.state(), "curriculum": curriculum}
             for slot, curriculum in zip(self.slots, curricula, strict=True)
@@ -307,7 +267,7 @@ class RolloutDispatch:
         return {"envs": states}
 
     def load_state(self, state: dict) -> None:
-        """Restore what ``state`` returned (pushing the restored horizons to the samplers).
+        """Restore what ``state`` returned.
 
         Raises:
             TrainError: ``state`` lacks an env of this run.
@@ -321,7 +281,7 @@ class RolloutDispatch:
             )
         for slot in self.slots:
             slot.schedule.load_state(states[slot.name]["task_schedule"])
-        ray.get([slot.pool.curriculum.load_state.remote(states[slot.name]["curriculum"]) for slot in self.slots])
+        ray.get([slot.curriculum.load_state.remote(states[slot.name]["curriculum"]) for slot in self.slots])
 
     def task_draws(self) -> list[dict]:
         """Each env's task draw, in env order (what ``load_task_draws`` puts back)."""
@@ -334,8 +294,9 @@ class RolloutDispatch:
 
     def stop(self) -> None:
         """Kill the samplers and curricula; the env actors go with the samplers that own them."""
-        for actor in [*self.samplers, *(slot.pool.curriculum for slot in self.slots)]:
-            ray.kill(actor)
+        self.samplers.stop()
+        for slot in self.slots:
+            ray.kill(slot.curriculum)
 
 
 def warn_without_state_keys(algorithm: Algorithm, env: TextEnv, name: str) -> None:

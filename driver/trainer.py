@@ -2,10 +2,11 @@
 retention, learner restarts and resume, for every mode; a mode (``driver.modes``) supplies what one iteration
 does (``Trainer.step``) and may override the other hooks the trainer declares.
 
-The trainer composes three collaborators, which the modes drive through their public methods: the rollout
-dispatch (``driver.rollout_dispatch``: envs, samplers, horizons, episodes), the learner group
-(``driver.learner_group``: updates, checkpoints, restarts) and the weight delivery (``driver.weight_delivery``:
-each version from the learners to the samplers and the endpoint).
+The trainer composes three collaborators, which the modes drive through their public methods: the sampler group
+(``driver.samplers``: the samplers, every episode they play, lost samplers, weight delivery), the rollout dispatch
+(``driver.rollout_dispatch``: envs, task draws, horizons, an iteration's episodes on the sampler group) and the
+learner group (``driver.learner_group``: updates, checkpoints, restarts, the source of each weights version).
+``sync_weights`` sends each version to the samplers and the serving endpoint.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+import ray
 import structlog
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
@@ -31,8 +33,8 @@ from agentgym_rl.driver.heldout import HeldOutTasks
 from agentgym_rl.driver.learner_group import LearnerGroup
 from agentgym_rl.driver.needs import plan_run
 from agentgym_rl.driver.rollout_dispatch import RolloutDispatch
+from agentgym_rl.driver.samplers import SamplerGroup
 from agentgym_rl.driver.tracking import WandbTracker, select_trajectories, wandb_tracker
-from agentgym_rl.driver.weight_delivery import WeightDelivery
 from agentgym_rl.learner.algorithms import build_algorithm
 
 log = structlog.get_logger()
@@ -81,11 +83,14 @@ class Trainer(ABC):
         self.start_iteration = 0
         # The driver's own instance: which task groups the learner would skip (dynamic sampling, metrics).
         self.algorithm = build_algorithm(config.algorithm.name, config.algorithm.model_extra or {})
-        self.rollouts = RolloutDispatch(config, self.algorithm)
-        self.learner_group = LearnerGroup(config, run_dir, self.rollouts)
-        self.weights = WeightDelivery(config, self.learner_group, self.rollouts)
+        self.samplers = SamplerGroup(config)
+        self.rollouts = RolloutDispatch(config, self.algorithm, self.samplers)
+        self.learner_group = LearnerGroup(config, run_dir, self.samplers)
         # played by the loop before the steps it is due at
-        self.heldout = HeldOutTasks(config, self.rollouts, plays_episodes=self.plays_episodes)
+        self.heldout = HeldOutTasks(config, self.samplers, plays_episodes=self.plays_episodes)
+        self.endpoint = None  # the Serve model deployment's handle while the run serves
+        self.weights_version = 0  # the version the samplers (or, without samplers, the endpoint) hold
+        self.sent_bytes = 0  # the size of the last version sent
         self.initial_state: dict = {}  # where a learner restart goes back to while no checkpoint exists
 
     # ----------------------------------------------------------------------------- hooks a mode may override
@@ -144,7 +149,7 @@ class Trainer(ABC):
         self.learner_group.save_checkpoint(staging)
         state = {
             "iterations_done": iterations_done,
-            "weights_version": self.weights.version,
+            "weights_version": self.weights_version,
             **self.checkpoint_state(),
         }
         path = self.run_dir.publish_checkpoint(staging, iterations_done, state)
@@ -164,10 +169,40 @@ class Trainer(ABC):
         cfg = self.config
         args = ServeArgs.for_training(cfg)  # the sampler's dtype and engine unless serve.engine is set
         try:
-            self.weights.endpoint = start_server(args)
+            self.endpoint = start_server(args)
         except ServeError as exc:
             raise TrainError(str(exc)) from exc
         log.info("serving the policy", url=f"http://{cfg.serve.host}:{cfg.serve.port}/v1", model=cfg.model.name)
+
+    # ----------------------------------------------------------------------------- weights
+
+    def sync_weights(self, iteration: int | None = None) -> float:
+        """Send the learners' current version to every sampler (``SamplerGroup.sync_weights``) and the serving
+        endpoint; returns the seconds it took (0 where nobody reads them: offline mode without ``serve.enabled``)
+        and leaves the version the samplers hold in ``weights_version`` and its bytes in ``sent_bytes``.
+
+        Raises:
+            LearnerLost | TrainError: a learner died (see ``LearnerGroup.died``).
+        """
+        if not self.rollouts.slots and self.endpoint is None:
+            return 0.0
+        started = time.perf_counter()
+        self.learner_group.new_version()
+        try:
+            version, self.sent_bytes = self.samplers.sync_weights(self.learner_group, iteration)
+        except ray.exceptions.RayActorError as exc:
+            raise self.learner_group.died("the weight sync", exc) from exc
+        except ray.exceptions.ObjectLostError as exc:  # the object store's copy died with the learner that put it
+            raise self.learner_group.died("the weight sync", exc) from exc
+        if version is not None:
+            self.weights_version = version
+        if self.endpoint is not None:
+            # The server swaps between generate batches.
+            served = self.endpoint.update_weights.remote(self.learner_group.published(), iteration).result()
+            if not self.samplers.samplers:  # no samplers (offline, gateway): the endpoint holds the run's version
+                self.weights_version = served
+                self.sent_bytes = self.learner_group.published_bytes()
+        return time.perf_counter() - started
 
     # ----------------------------------------------------------------------------- resume and learner restarts
 
@@ -179,15 +214,15 @@ class Trainer(ABC):
             return
         self.start_iteration = self._load_checkpoint(checkpoint)
         self.run_dir.keep_metrics_before(self.start_iteration)
-        log.info("resumed", checkpoint=str(checkpoint), iteration=self.start_iteration, version=self.weights.version)
+        log.info("resumed", checkpoint=str(checkpoint), iteration=self.start_iteration, version=self.weights_version)
 
     def _load_checkpoint(self, checkpoint: Path) -> int:
         """Load ``checkpoint`` into the learners, task schedule and curriculum and push its weights to the
         samplers; returns the iterations it had done."""
         state = json.loads((checkpoint / TRAINER_STATE).read_text())
-        self.weights.version = self.learner_group.load_checkpoint(checkpoint)
+        self.weights_version = self.learner_group.load_checkpoint(checkpoint)
         self.load_checkpoint_state(state)
-        self.weights.sync()
+        self.sync_weights()
         return state["iterations_done"]
 
     def _restart_learners(self, lost: LearnerLost) -> int:
@@ -198,19 +233,19 @@ class Trainer(ABC):
             TrainError: the learners were already restarted ``trainer.max_learner_restarts`` times.
         """
         self.learner_group.restart(lost)
-        self.weights.forget_group()
+        self.samplers.transport = None  # the new learners form a new weight group
         checkpoint = self.run_dir.latest_checkpoint()
         try:
             if checkpoint is None:
                 self.load_checkpoint_state(self.initial_state)
-                self.weights.sync()
+                self.sync_weights()
                 iteration = 0
             else:
                 iteration = self._load_checkpoint(checkpoint)
         except LearnerLost as again:  # a new learner died too: another restart, within the limit
             return self._restart_learners(again)
         self.run_dir.keep_metrics_before(iteration)
-        log.info("learners restarted", checkpoint=str(checkpoint), iteration=iteration, version=self.weights.version)
+        log.info("learners restarted", checkpoint=str(checkpoint), iteration=iteration, version=self.weights_version)
         return iteration
 
     # ----------------------------------------------------------------------------- the loop
@@ -221,7 +256,7 @@ class Trainer(ABC):
         # Clients get a moment to read the final version before the endpoint goes away.
         time.sleep(self.config.serve.linger_s)
         stop_server()
-        self.weights.endpoint = None
+        self.endpoint = None
 
     @contextmanager
     def _session(self) -> Iterator[Display]:
@@ -254,7 +289,7 @@ class Trainer(ABC):
                 )
             yield Display(progress, overall, tracker)
         structlog.contextvars.unbind_contextvars("iteration")
-        if self.weights.endpoint is not None:
+        if self.endpoint is not None:
             self._stop_serving()
 
     def _record(self, display: Display, step: Step) -> None:
@@ -263,7 +298,7 @@ class Trainer(ABC):
         cfg = self.config
         record = step.record
         iteration = record["iteration"]
-        record.update(self.rollouts.pool_metrics(iteration))
+        record.update(self.samplers.metrics(iteration))
         record["learner/restarts"] = float(self.learner_group.restarts)
         kept = select_trajectories(
             step.trajectories, cfg.logging.max_trajectories_per_iteration, cfg.run.seed, iteration

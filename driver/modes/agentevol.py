@@ -113,18 +113,18 @@ class AgentEvolTrainer(Trainer):
         kept = filter_episodes(explored, evol.filter, evol.k)
         self.dataset += [refs[i] for i in kept]
         learner_metrics = self.learner_group.update(self.dataset)
-        sync_s = self.weights.sync(iteration)
+        sync_s = self.sync_weights(iteration)
         record = {
             "iteration": iteration,
             "horizon": max(horizons),
-            "weights_version": self.weights.version,
+            "weights_version": self.weights_version,
             **rollout_metrics(explored, failed),
             "agentevol/kept": float(len(kept)),
             "agentevol/dataset": float(len(self.dataset)),
             **learner_metrics,
             "time/rollout_s": rollout_s,
             "time/sync_s": sync_s,
-            "sync/bytes": self.weights.sent_bytes if sync_s else 0,
+            "sync/bytes": self.sent_bytes if sync_s else 0,
         }
         if self.test_tasks:
             record["eval/test_success_rate"] = self._evaluate(iteration, self.test_tasks)

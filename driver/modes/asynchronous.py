@@ -97,7 +97,7 @@ class AsyncTrainer(Trainer):
         rollout_s = time.perf_counter() - launch.started
         lost = [t for t in trajectories if t.failed]
         refs, trajectories, failed = split_failed(refs, trajectories)
-        learner_version = self.weights.version
+        learner_version = self.weights_version
         refs, trajectories, dropped = drop_stale(refs, trajectories, learner_version, depth)
         # per env over the same episodes as the overall keys: the kept ones (and the failed, counted)
         reports, env_keys = self.rollouts.env_reports([*trajectories, *lost], launch.horizons)
@@ -109,11 +109,11 @@ class AsyncTrainer(Trainer):
             self.next_launch += 1
         learner_metrics = self.learner_group.finish_update(updates) if updates else {}
         update_wait_s = time.perf_counter() - update_started
-        sync_s = self.weights.sync(iteration)
+        sync_s = self.sync_weights(iteration)
         record = {
             "iteration": iteration,
             "horizon": max(launch.horizons),
-            "weights_version": self.weights.version,
+            "weights_version": self.weights_version,
             **rollout_metrics(trajectories, failed),
             **env_keys,
             "rollout/dropped_stale": float(dropped),
@@ -124,7 +124,7 @@ class AsyncTrainer(Trainer):
             "time/rollout_wait_s": rollout_wait_s,
             "time/update_wait_s": update_wait_s,
             "time/sync_s": sync_s,
-            "sync/bytes": self.weights.sent_bytes if sync_s else 0,
+            "sync/bytes": self.sent_bytes if sync_s else 0,
             "time/iteration_s": rollout_wait_s + update_wait_s + sync_s,
         }
         return Step(record, trajectories, reports, {"dropped_stale": dropped, "failed": failed})

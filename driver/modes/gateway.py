@@ -73,11 +73,11 @@ class GatewayTrainer(Trainer):
         # Groups are numbered per iteration, as in a rollout; each episode goes to the object store once.
         batch = [t.model_copy(update={"group": number}) for number, members in enumerate(groups) for t in members]
         learner_metrics = self.learner_group.update([ray.put(t) for t in batch])
-        sync_s = self.weights.sync(iteration) if learner_metrics.get("learner/optimizer_steps") else 0.0
+        sync_s = self.sync_weights(iteration) if learner_metrics.get("learner/optimizer_steps") else 0.0
         book = ray.get(self.book.stats.remote())
         record = {
             "iteration": iteration,
-            "weights_version": self.weights.version,
+            "weights_version": self.weights_version,
             **rollout_metrics(batch),
             **group_metrics(self.algorithm, batch),
             **learner_metrics,
@@ -86,7 +86,7 @@ class GatewayTrainer(Trainer):
             **{f"episodes/{key}": float(value) for key, value in book.items()},
             "time/rollout_s": wait_s,
             "time/sync_s": sync_s,
-            "sync/bytes": self.weights.sent_bytes if sync_s else 0,
+            "sync/bytes": self.sent_bytes if sync_s else 0,
             "time/iteration_s": time.perf_counter() - started,
         }
         return Step(record, batch, [], {"episodes": len(batch), "groups": len(groups)})
@@ -100,7 +100,7 @@ class GatewayTrainer(Trainer):
         dropped = 0
         while True:
             for key, trajectory in ray.get(self.book.harvest.remote()):
-                if trajectory.weights_version < self.weights.version - cfg.trainer.max_staleness:
+                if trajectory.weights_version < self.weights_version - cfg.trainer.max_staleness:
                     dropped += 1
                 else:
                     self.waiting[key].append(trajectory)

@@ -70,13 +70,13 @@ class OfflineTrainer(Trainer):
             for t in self.tasks[task]
         ]
         learner_metrics = self.learner_group.update([ray.put(t) for t in batch])
-        sync_s = self.weights.sync(iteration)  # only a serving endpoint reads the weights
+        sync_s = self.sync_weights(iteration)  # only a serving endpoint reads the weights
         record = {
             "iteration": iteration,
             **rollout_metrics(batch),
             **learner_metrics,
             "time/sync_s": sync_s,
-            "sync/bytes": self.weights.sent_bytes if sync_s else 0,
+            "sync/bytes": self.sent_bytes if sync_s else 0,
             "time/iteration_s": time.perf_counter() - started,
         }
         return Step(record, batch, [], {"episodes": len(batch)})

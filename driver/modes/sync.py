@@ -27,11 +27,11 @@ class SyncTrainer(Trainer):
         rollout_s = time.perf_counter() - started
         learner_metrics = self.learner_group.update(refs) if refs else {}
         # No optimizer step (e.g. every group uninformative): the samplers already have these weights.
-        sync_s = self.weights.sync(iteration) if learner_metrics.get("learner/optimizer_steps") else 0.0
+        sync_s = self.sync_weights(iteration) if learner_metrics.get("learner/optimizer_steps") else 0.0
         record = {
             "iteration": iteration,
             "horizon": max(horizons),
-            "weights_version": self.weights.version,
+            "weights_version": self.weights_version,
             **rollout_metrics(trajectories, failed),
             **group_metrics(self.algorithm, trajectories),
             **sampling,
@@ -39,7 +39,7 @@ class SyncTrainer(Trainer):
             **learner_metrics,
             "time/rollout_s": rollout_s,
             "time/sync_s": sync_s,
-            "sync/bytes": self.weights.sent_bytes if sync_s else 0,
+            "sync/bytes": self.sent_bytes if sync_s else 0,
             "time/iteration_s": time.perf_counter() - started,
         }
         return Step(record, trajectories, reports)

@@ -1,28 +1,18 @@
-"""Elastic sampler and env-actor pools: they grow into new room and shrink when actors or nodes die.
+"""One env's elastic sampler pool, a piece of ``SamplerGroup``: its samplers (each owning its env actors) grow into
+new room and shrink when actors or nodes die.
 
-The driver owns one ``SamplerPool``. At each iteration start (``refresh``) it probes every sampler,
-drops the dead ones, then grows the pool toward ``sampler.max_count`` samplers and every sampler
-toward ``sampler.max_envs_per_sampler`` env actors, as far as the cluster has room right now (see
-``actors.cluster``); fewer samplers than ``sampler.min_count`` (or a sampler with fewer env actors
-than ``sampler.min_envs_per_sampler``) ends the run with ``PoolError``.
-
-Every ``collect`` call goes through ``submit`` and is awaited with ``completed`` (training and
-evaluation alike); when its sampler dies (or dies after returning, taking the trajectories it owned
-along), ``resubmit`` drops it and plays the same requests (same seeds) on the least busy survivor,
-starting a replacement only when none is left.
+At each iteration start (``refresh``) the pool probes every sampler, drops the dead ones, then grows toward
+``sampler.max_count`` samplers and every sampler toward ``sampler.max_envs_per_sampler`` env actors, as far as
+the cluster has room right now (see ``actors.cluster``); fewer samplers than ``sampler.min_count`` (or a sampler
+with fewer env actors than ``sampler.min_envs_per_sampler``) ends the run with ``PoolError``.
 Dead env actors are handled inside each sampler (replaced while there is room, dropped otherwise).
-
-The curriculum pushes horizons to the samplers registered with it; a dead one would fail every push,
-so a loss rebuilds the curriculum actor from its own state with the survivors registered.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from itertools import takewhile
-from typing import TypeVar
 
 import ray
 import structlog
@@ -33,14 +23,11 @@ from agentgym_rl.actors.cluster import (
     env_request,
     fit_count,
     free_resources_per_node,
-    on_this_node,
     sampler_request,
     sampler_room,
 )
-from agentgym_rl.actors.curriculum import CurriculumActor
 from agentgym_rl.actors.engines import EngineUnavailableError, engine_class
-from agentgym_rl.actors.sampler import EpisodeRequest, SamplerActor, start_collect
-from agentgym_rl.actors.trajectory import Trajectory
+from agentgym_rl.actors.sampler import SamplerActor
 from agentgym_rl.configs import Config
 from agentgym_rl.configs.errors import AgentGymError
 
@@ -77,17 +64,8 @@ def share_growth(counts: list[int], maximum: int, room: int) -> list[int]:
     return added
 
 
-@dataclass
-class Dispatch:
-    """One ``collect`` call in flight: who plays it and what, so it can be replayed elsewhere."""
-
-    sampler: ray.actor.ActorHandle
-    requests: list[EpisodeRequest]
-    returns: list[ray.ObjectRef]  # one per request
-
-
 class SamplerPool:
-    """The run's samplers (each owning its env actors) and the curriculum they are registered with.
+    """One env's samplers, each owning its env actors.
 
     Args:
         config: the resolved run config.
@@ -101,13 +79,11 @@ class SamplerPool:
         self.env_counts: dict[ray.actor.ActorHandle, int] = {}
         self.indices: dict[ray.actor.ActorHandle, int] = {}
         self.next_index = 0
-        self.curriculum = self._new_curriculum()
-        # The trainer's latest weights in the object store (``[ref]``, published on the call), for new samplers.
+        # The latest version in the object store (``[ref]``, published on the call): what samplers that join load.
         self.weights: Callable[[], list[ray.ObjectRef]] | None = None
         # Colocated mode: the learners' placement group, whose bundle i holds sampler i beside learner i.
         self.bundles: Colocation | None = None
         self.bundle_of: dict[ray.actor.ActorHandle, int] = {}
-        self.calls: dict[ray.ObjectRef, Dispatch] = {}
         self.counters: dict[int | None, dict[str, float]] = defaultdict(lambda: defaultdict(float))
 
     @property
@@ -160,7 +136,7 @@ class SamplerPool:
 
     def _spawn(self, env_actors: list[int]) -> tuple[list[ray.actor.ActorHandle], list[str]]:
         """Start a sampler per entry of ``env_actors`` (with that many env actors), wait for them, load the
-        current weights, register them; returns those up, and why each of the others did not start."""
+        current weights; returns those up, and why each of the others did not start."""
         cfg = self.config
         sampler_cls = ray.remote(SamplerActor)
         options = {
@@ -205,9 +181,7 @@ class SamplerPool:
                 failures.append(raised(exc))
                 log.warning("sampler did not start", sampler=self.indices[handle], reason=failures[-1])
                 ray.kill(handle, no_restart=True)
-        if started:
-            ray.get(self.curriculum.register.remote(started))
-            self.samplers.extend(started)
+        self.samplers.extend(started)
         return started, failures
 
     def refresh(self, iteration: int) -> None:
@@ -302,7 +276,7 @@ class SamplerPool:
     # ----------------------------------------------------------------------------- losses
 
     def lose(self, sampler: ray.actor.ActorHandle, iteration: int | None, reason: BaseException) -> None:
-        """Drop ``sampler`` (idempotent): kill it to be sure, re-register the survivors with the curriculum."""
+        """Drop ``sampler`` (idempotent) and kill it to be sure (a hung one would hold its resources)."""
         if sampler not in self.samplers:
             return
         self.samplers.remove(sampler)
@@ -316,45 +290,13 @@ class SamplerPool:
             samplers=len(self.samplers),
             reason=first_line(reason),
         )
-        self._rebuild_curriculum()
 
-    def _new_curriculum(self) -> ray.actor.ActorHandle:
-        # Beside the driver: losing it would lose the horizon schedule, so it shares only the driver's fate.
-        return ray.remote(CurriculumActor).options(num_cpus=0, **on_this_node()).remote(self.config.curriculum)
-
-    def _rebuild_curriculum(self) -> None:
-        state = ray.get(self.curriculum.state.remote())
-        ray.kill(self.curriculum)
-        self.curriculum = self._new_curriculum()
-        ray.get(self.curriculum.load_state.remote(state))
-        ray.get(self.curriculum.register.remote(list(self.samplers)))
-
-    # ----------------------------------------------------------------------------- dispatch
-
-    def submit(self, sampler: ray.actor.ActorHandle, requests: list[EpisodeRequest]) -> ray.ObjectRef:
-        """Start ``sampler.collect(requests)``; returns the call's ref (its first trajectory's, which is ready when
-        they all are): wait on it, read the trajectories' refs with ``returns``, keep it for ``resubmit`` and
-        ``finish``."""
-        returns = start_collect(sampler, requests)
-        self.calls[returns[0]] = Dispatch(sampler, requests, returns)
-        return returns[0]
-
-    def returns(self, ref: ray.ObjectRef) -> list[ray.ObjectRef]:
-        """The trajectory refs of the collect call ``ref``, one per request, in order."""
-        return self.calls[ref].returns
-
-    def finish(self, ref: ray.ObjectRef) -> None:
-        """Forget a collect call whose trajectories are in hand."""
-        self.calls.pop(ref, None)
-
-    def resubmit(self, ref: ray.ObjectRef, iteration: int | None, reason: BaseException) -> ray.ObjectRef:
-        """Replay the requests of ``ref``, whose sampler is gone, on the least busy live sampler.
+    def keep_one(self, iteration: int | None) -> None:
+        """After a loss: start a sampler when none is left and the cluster has room for one.
 
         Raises:
-            PoolError: no sampler is left and the cluster has no room to start one.
+            PoolError: no sampler is left and no node has room to start one.
         """
-        dispatch = self.calls.pop(ref)
-        self.lose(dispatch.sampler, iteration, reason)
         if not self.samplers and self._sampler_room(free_resources_per_node(), 1):
             started, _ = self._spawn([self.config.sampler.envs_per_sampler])
             self.counters[iteration]["pool/samplers_added"] += len(started)
@@ -363,13 +305,6 @@ class SamplerPool:
                 f"every sampler died and no node has room to start a new one (each needs "
                 f"{sampler_request(self.config.sampler)}); add nodes"
             )
-        busy = defaultdict(int)
-        for call in self.calls.values():
-            busy[call.sampler] += 1
-        target = min(self.samplers, key=lambda s: busy[s])
-        self.counters[iteration]["pool/redispatched"] += 1
-        log.warning("task group moved to another sampler", group=dispatch.requests[0].group, to=self.indices[target])
-        return self.submit(target, dispatch.requests)
 
     def metrics(self, iteration: int) -> dict[str, float]:
         """``iteration``'s ``pool/*`` metrics (sizes at its start, additions, losses, moved task groups)."""
@@ -387,41 +322,6 @@ class SamplerPool:
             "pool/redispatched",
         )
         return {key: float(merged[key]) for key in keys}
-
-
-Key = TypeVar("Key")
-
-
-def completed(
-    calls: dict[ray.ObjectRef, tuple[SamplerPool, Key]], iteration: int | None
-) -> Iterator[tuple[Key, list[ray.ObjectRef], list[Trajectory]]]:
-    """Wait for collect calls started with their pool's ``submit``; yield each call's key, trajectory refs and
-    trajectories (in the order of its requests) as it completes, in completion order.
-
-    A call whose sampler died (before or after it returned) is played again on a survivor of the same pool
-    (``resubmit``; counted in ``iteration``'s ``pool/*`` metrics), so every call yields once.
-
-    Raises:
-        PoolError: a pool lost its last sampler and has no room to start another.
-    """
-    calls = dict(calls)
-    waiting = list(calls)
-    while waiting:
-        ready, waiting = ray.wait(waiting, num_returns=1)
-        call = ready[0]
-        pool, key = calls.pop(call)
-        refs = pool.returns(call)
-        try:
-            trajectories = ray.get(refs)
-        except ray.exceptions.RayError as exc:
-            if not sampler_lost(exc):
-                raise
-            retry = pool.resubmit(call, iteration, exc)
-            calls[retry] = (pool, key)
-            waiting.append(retry)
-            continue
-        pool.finish(call)
-        yield key, refs, trajectories
 
 
 def first_line(exc: BaseException) -> str:

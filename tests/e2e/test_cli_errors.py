@@ -13,6 +13,7 @@ from agentgym_rl.actors.checkpoints import MANIFEST, checkpoint_damage
 from agentgym_rl.actors.model_store import model_dir
 from agentgym_rl.driver.cli import main
 from tests.e2e.helpers import run_cli
+from tests.integration.broken_env import MESSAGE
 
 DEEP = "[" * 10_000 + "]" * 10_000
 
@@ -280,3 +281,20 @@ def test_a_damaged_policy_is_named_by_what_reads_it(command: str, tiny_run: Path
     truncate(f"{LATEST}/{ADAPTER}")(run)
     assert main([arg.format(run=run) for arg in POLICY_READERS[command]]) == 2
     one_error_line(capsys.readouterr().err, f"iter_000002 is damaged: {ADAPTER} has")
+
+
+def test_an_env_error_that_ends_an_eval_reaches_the_user_as_one_line(tmp_path: Path, capsys):
+    # The env raises inside a sampler's episode; the user reads that error, not Ray's traceback of the sampler.
+    argv = ["eval", "--model", "tiny-random", "--env", "tests.integration.broken_env:BrokenEnv", "--episodes", "1"]
+    argv += [
+        "--output",
+        str(tmp_path / "report.json"),
+        "--set",
+        "sampler.count=1",
+        "--set",
+        "sampler.envs_per_sampler=1",
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    one_error_line(err, f"failed: EnvError: {MESSAGE} (task 0)")
+    assert "ray::" not in err and "Traceback" not in err

@@ -36,7 +36,6 @@ def system(ray_local):
         for i in range(2)
     ]
     curriculum = ray.remote(CurriculumActor).options(num_cpus=0).remote(config.curriculum)
-    ray.get(curriculum.register.remote(samplers))
     learner = (
         ray.remote(LearnerActor)
         .options(num_cpus=config.learner.num_cpus)
@@ -47,21 +46,20 @@ def system(ray_local):
         ray.kill(handle)
 
 
-def test_curriculum_push_reaches_every_sampler(system):
+def test_the_curriculums_horizon_reaches_an_episode_on_its_request(system):
     samplers, curriculum = system["samplers"], system["curriculum"]
-    assert [s["horizon"] for s in ray.get([s.state.remote() for s in samplers])] == [2, 2]
     assert ray.get(curriculum.start_iteration.remote(1)) == {"horizon": 2, "changed": False}
-    assert ray.get(curriculum.start_iteration.remote(2)) == {"horizon": 3, "changed": True}
-    assert [s["horizon"] for s in ray.get([s.state.remote() for s in samplers])] == [3, 3]
-    refs = start_collect(samplers[1], [EpisodeRequest(task_id=121, group=0, seed=5)])
+    moved = ray.get(curriculum.start_iteration.remote(2))
+    assert moved == {"horizon": 3, "changed": True}
+    refs = start_collect(samplers[1], [EpisodeRequest(task_id=121, group=0, seed=5, horizon=moved["horizon"])])
     assert ray.get(refs[0]).horizon == 3
 
 
 def test_an_episode_samples_the_same_tokens_whatever_it_is_batched_with(system):
     samplers = system["samplers"]
-    ray.get(system["curriculum"].start_iteration.remote(0))
-    alone = ray.get(start_collect(samplers[0], [EpisodeRequest(task_id=121, group=0, seed=77)])[0])
-    crowd = [EpisodeRequest(task_id=t, group=i, seed=s) for i, (t, s) in enumerate([(122, 1), (121, 77), (161, 3)])]
+    alone = ray.get(start_collect(samplers[0], [EpisodeRequest(task_id=121, group=0, seed=77, horizon=2)])[0])
+    tasks = [(122, 1), (121, 77), (161, 3)]
+    crowd = [EpisodeRequest(task_id=t, group=i, seed=s, horizon=2) for i, (t, s) in enumerate(tasks)]
     batched = ray.get(start_collect(samplers[1], crowd)[1])
     assert batched.token_ids == alone.token_ids
     # Batched rows run GEMMs of other shapes (and left padding), which the CPU's BLAS may sum in another
@@ -100,9 +98,9 @@ def test_oracle_policy_plays_demonstrations(ray_local):
 
 def test_rollout_update_and_weight_sync(system):
     samplers, learner = system["samplers"], system["learner"]
-    ray.get(system["curriculum"].start_iteration.remote(0))
     before = ray.get(samplers[0].state.remote())
-    requests = [EpisodeRequest(task_id=t, group=g, seed=10 * g + k) for g, t in enumerate([121, 122]) for k in range(2)]
+    tasks = enumerate([121, 122])
+    requests = [EpisodeRequest(task_id=t, group=g, seed=10 * g + k, horizon=2) for g, t in tasks for k in range(2)]
     refs = start_collect(samplers[0], requests)
     assert all(isinstance(ref, ray.ObjectRef) for ref in refs)
     trajectories = ray.get(refs)
@@ -132,5 +130,5 @@ def test_rollout_update_and_weight_sync(system):
     versions = ray.get([s.load_weights.remote(after) for s in samplers])
     assert versions == [1, 1]
     assert [s["weights_version"] for s in ray.get([s.state.remote() for s in samplers])] == [1, 1]
-    next_refs = start_collect(samplers[1], [EpisodeRequest(task_id=121, group=0, seed=5)])
+    next_refs = start_collect(samplers[1], [EpisodeRequest(task_id=121, group=0, seed=5, horizon=2)])
     assert ray.get(next_refs[0]).weights_version == 1

@@ -39,7 +39,7 @@ def test_samplers_sleep_through_the_update_and_the_optimizer_state_leaves_while_
     trainer = SyncTrainer(config, run_dir)
     try:
         trainer.run()
-        events = ray.get(trainer.rollouts.samplers[0].timeline.remote()) + ray.get(
+        events = ray.get(trainer.samplers.samplers[0].timeline.remote()) + ray.get(
             trainer.learner_group.rank0.timeline.remote()
         )
         bundle = ray.util.placement_group_table(trainer.learner_group.placement)["bundles"][0]

@@ -104,7 +104,7 @@ def test_colocated_mode_fits_8_learners_and_8_samplers_in_8_bundles_sharing_each
     found = run(
         """
         from agentgym_rl.actors.cluster import ClusterError
-        from agentgym_rl.actors.pools import SamplerPool
+        from agentgym_rl.driver.samplers.pool import SamplerPool
         from agentgym_rl.driver.learner_group import start_learners
         from agentgym_rl.driver.needs import plan_run
 

@@ -13,6 +13,8 @@ from agentgym_rl.configs import load_config
 from agentgym_rl.envs import make
 from tests.factories import RECIPE
 
+HORIZON = 3  # every episode's turn limit, on its request
+
 STOP = "e"  # frequent in the random model's text, so most turns end on it
 # Largest log-prob difference between reused and recomputed keys/values, by the dtype the engine computes in.
 # bfloat16 keeps 8 significant bits (2^-8 = 0.004 relative), and a key computed with one turn's tokens and the same
@@ -44,14 +46,13 @@ def start_sampler(kv_cache_tokens: int):
         .options(num_cpus=0.25, max_concurrency=100)
         .remote(index=0, model=config.model, sampler=config.sampler, env=config.env, seed=0)
     )
-    ray.get(sampler.set_horizon.remote(3))
     return sampler
 
 
 @pytest.mark.slow
 def test_kv_reuse_plays_identical_episodes_and_frees_its_cache(ray_local):
     tasks = make("babyai", {"levels": ["GoToObjS6"]}).tasks("train")[:6]
-    requests = [EpisodeRequest(task_id=task, group=g, seed=1000 + g) for g, task in enumerate(tasks)]
+    requests = [EpisodeRequest(task_id=task, group=g, seed=1000 + g, horizon=HORIZON) for g, task in enumerate(tasks)]
     played = {}
     states = {}
     for cached_tokens in (0, 50_000):

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from agentgym_rl.actors.engines import EngineSpec, EngineUnavailableError, register_engine
-from agentgym_rl.actors.pools import PoolError, SamplerPool
 from agentgym_rl.configs import load_config
+from agentgym_rl.driver.samplers.pool import PoolError, SamplerPool
 from tests.factories import RECIPE
 from tests.integration.scripted_engine import ScriptedEngine
 

@@ -15,6 +15,8 @@ from agentgym_rl.configs import load_config
 from agentgym_rl.envs.base import EnvError, InvalidAction, Observation, StepResult, TextEnv
 from tests.factories import RECIPE
 
+HORIZON = 10  # every episode's turn limit, on its request
+
 # Env actors run in their own processes (cwd: the repository); they import this module by this name.
 ENV_NAME = "tests.integration.test_slow_env:CountdownEnv"
 SLOW_TASK, DYING_TASK, HANGING_TASK = 7, 8, 9
@@ -88,7 +90,6 @@ def start_sampler(envs: int, options: dict, env_timeout_s: float = 60.0):
         .options(num_cpus=0.25, max_concurrency=100)
         .remote(index=0, model=config.model, sampler=config.sampler, env=config.env, seed=0)
     )
-    ray.get(sampler.set_horizon.remote(10))
     return sampler
 
 
@@ -96,10 +97,13 @@ def test_fast_episodes_finish_while_a_20x_slower_env_is_still_stepping(ray_local
     sampler = start_sampler(4, {"step_delay_s": 0.1})
     try:
         # Warm-up: every env actor started and the model loaded, so only step times differ below.
-        ray.get(start_collect(sampler, [EpisodeRequest(task_id=t, group=0, seed=t) for t in range(4)]))
+        ray.get(start_collect(sampler, [EpisodeRequest(task_id=t, group=0, seed=t, horizon=HORIZON) for t in range(4)]))
         calls_before = ray.get(sampler.state.remote())["generate_calls"]
         tasks = [SLOW_TASK, 1, 2, 3]
-        refs = {start_collect(sampler, [EpisodeRequest(task_id=t, group=g, seed=g)])[0]: t for g, t in enumerate(tasks)}
+        refs = {
+            start_collect(sampler, [EpisodeRequest(task_id=t, group=g, seed=g, horizon=HORIZON)])[0]: t
+            for g, t in enumerate(tasks)
+        }
         order = []
         waiting = list(refs)
         while waiting:
@@ -119,14 +123,18 @@ def test_an_env_that_dies_is_replaced_retried_once_and_recorded_as_failed(ray_lo
     sampler = start_sampler(2, {})
     try:
         refs = start_collect(
-            sampler, [EpisodeRequest(task_id=DYING_TASK, group=0, seed=0), EpisodeRequest(task_id=1, group=1, seed=1)]
+            sampler,
+            [
+                EpisodeRequest(task_id=DYING_TASK, group=0, seed=0, horizon=HORIZON),
+                EpisodeRequest(task_id=1, group=1, seed=1, horizon=HORIZON),
+            ],
         )
         dying, healthy = ray.get(refs)
         assert dying.failed and dying.token_ids == [] and dying.failure_reason.count("Actor") >= 2
         assert not healthy.failed and healthy.done and healthy.num_turns == 3
         assert ray.get(sampler.state.remote())["env_replacements"] == 2
         # the replacement actors serve the next episodes
-        again = ray.get(start_collect(sampler, [EpisodeRequest(task_id=2, group=0, seed=2)])[0])
+        again = ray.get(start_collect(sampler, [EpisodeRequest(task_id=2, group=0, seed=2, horizon=HORIZON)])[0])
         assert again.done and not again.failed
     finally:
         ray.kill(sampler)
@@ -135,7 +143,7 @@ def test_an_env_that_dies_is_replaced_retried_once_and_recorded_as_failed(ray_lo
 def test_a_hung_env_times_out_and_the_episode_succeeds_on_a_fresh_actor(ray_local, tmp_path: Path):
     sampler = start_sampler(1, {"marker": str(tmp_path / "hung-once")}, env_timeout_s=3.0)
     try:
-        refs = start_collect(sampler, [EpisodeRequest(task_id=HANGING_TASK, group=0, seed=0)])
+        refs = start_collect(sampler, [EpisodeRequest(task_id=HANGING_TASK, group=0, seed=0, horizon=HORIZON)])
         trajectory = ray.get(refs[0])
         assert not trajectory.failed and trajectory.done and trajectory.num_turns == 3
         assert ray.get(sampler.state.remote())["env_replacements"] == 1

@@ -9,6 +9,7 @@ import ray
 
 from agentgym_rl.driver.modes.sync import SyncTrainer
 from agentgym_rl.driver.run import prepare_run
+from agentgym_rl.driver.samplers.transports import CudaIpc
 from tests.factories import RECIPE
 from tests.integration.test_cluster import TINY
 from tests.unit.learner.helpers import batch_of
@@ -34,7 +35,7 @@ def test_a_broadcast_run_keeps_every_sampler_on_the_learners_version(ray_local, 
     run_dir = trainer.run_dir
     try:
         trainer.run()
-        states = ray.get([sampler.state.remote() for sampler in trainer.rollouts.samplers])
+        states = ray.get([sampler.state.remote() for sampler in trainer.samplers.samplers])
         published = ray.get(
             ray.get([learner.publish_weights.remote() for learner in trainer.learner_group.actors])[0][0]
         )
@@ -46,41 +47,45 @@ def test_a_broadcast_run_keeps_every_sampler_on_the_learners_version(ray_local, 
     records = [json.loads(line) for line in run_dir.metrics.read_text().splitlines()]
     # each iteration's version went out whole: the bytes of the object store's copy of the same weights
     assert [record["sync/bytes"] for record in records] == [published.num_bytes] * 2
-    assert trainer.weights.group_members is not None  # the group formed once and was not given up
-    assert trainer.weights.transport == "gloo"  # chosen from the devices the ends hold: all CPUs
+    transport = trainer.samplers.transport
+    assert transport is not None  # the group formed once and was not given up
+    assert (transport.name, transport.backend) == ("broadcast", "gloo")  # chosen from the ends' devices: all CPUs
 
 
 def test_a_failed_sync_leaves_the_learner_alive_and_that_version_goes_through_the_object_store(ray_local, tmp_path):
     trainer = broadcast_trainer(tmp_path, "trainer.weight_sync.timeout_s=5")
     try:
         trainer.start_actors()
-        trainer.weights.sync(0)
-        assert trainer.weights.transport == "gloo" and trainer.weights.group_members is not None
-        survivor, lost = trainer.rollouts.samplers
+        trainer.sync_weights(0)
+        assert trainer.samplers.transport.backend == "gloo"
+        survivor, lost = trainer.samplers.samplers
 
         # A receiver dies with the group formed: the learner's broadcast fails, and the learner goes on.
         ray.kill(lost)
         ray.get(trainer.learner_group.rank0.update_batch.remote(batch_of(seed=1)))
-        trainer.weights.sync(1)
+        trainer.sync_weights(1)
         assert ray.get(trainer.learner_group.rank0.describe.remote())["device"] == "cpu"  # alive, and answering
         published = ray.get(ray.get(trainer.learner_group.rank0.publish_weights.remote())[0])
         assert published.version == 1
-        assert trainer.rollouts.samplers == [survivor]
-        assert ray.get(survivor.state.remote())["weights_version"] == trainer.weights.version == 1
+        assert trainer.samplers.samplers == [survivor]
+        assert ray.get(survivor.state.remote())["weights_version"] == trainer.weights_version == 1
         assert (
-            trainer.weights.payload is not None and trainer.weights.sent_bytes == published.num_bytes
+            trainer.learner_group.payload is not None and trainer.sent_bytes == published.num_bytes
         )  # the object store's copy
-        assert trainer.weights.group_members is None  # formed again at the next sync
+        assert trainer.samplers.transport is None  # chosen and formed again at the next sync
+        assert trainer.samplers.metrics(1)["pool/samplers_lost"] == 1
 
         # A CUDA IPC sync that cannot share (these weights are on the CPU) takes the same way out.
         ray.get(trainer.learner_group.rank0.update_batch.remote(batch_of(seed=2)))
-        trainer.weights.group_members, trainer.weights.transport = [survivor], "cuda_ipc"
-        trainer.weights.sync(2)
-        assert ray.get(survivor.state.remote())["weights_version"] == trainer.weights.version == 2
-        assert trainer.weights.group_members is None
+        sync = trainer.config.trainer.weight_sync
+        trainer.samplers.transport = CudaIpc(trainer.learner_group, [survivor], sync, adapter=False)
+        trainer.sync_weights(2)
+        assert ray.get(survivor.state.remote())["weights_version"] == trainer.weights_version == 2
+        assert trainer.samplers.transport is None
 
         # The next sync forms a new group of the survivor and broadcasts again.
-        trainer.weights.sync(3)
-        assert trainer.weights.transport == "gloo" and trainer.weights.group_members == [survivor]
+        trainer.sync_weights(3)
+        transport = trainer.samplers.transport
+        assert (transport.name, transport.backend, transport.samplers) == ("broadcast", "gloo", [survivor])
     finally:
         trainer.stop_actors()

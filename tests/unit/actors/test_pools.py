@@ -1,7 +1,7 @@
-"""The pool arithmetic (what fits where, how growth is shared) and the pool config checks; no Ray."""
+"""The pool arithmetic (what fits where) and the pool config checks; no Ray (how growth is shared among a pool's
+samplers is tests/unit/driver/test_sampler_pool.py)."""
 
 import pytest
-import ray
 
 from agentgym_rl.actors.cluster import (
     ActorNeed,
@@ -12,7 +12,6 @@ from agentgym_rl.actors.cluster import (
     plan_actors,
     sampler_room,
 )
-from agentgym_rl.actors.pools import sampler_lost, share_growth
 from agentgym_rl.configs import ConfigError, load_config
 
 
@@ -45,31 +44,6 @@ def test_a_zero_gpu_request_does_not_rule_out_cpu_only_nodes():
     request = clean_request({"CPU": 0.5, "GPU": 0.0})
     assert request == {"CPU": 0.5}
     assert fit_count([{"CPU": 1.0}], request, 1) == 1
-
-
-@pytest.mark.parametrize(
-    ("counts", "maximum", "room", "added"),
-    [
-        ([2, 4, 3], 4, 3, [2, 0, 1]),
-        ([1, 1], 3, 1, [1, 0]),
-        ([1, 1], 3, 10, [2, 2]),  # room beyond the maximum is left unused
-        ([4, 4], 4, 5, [0, 0]),
-        ([], 4, 5, []),
-    ],
-)
-def test_share_growth_fills_the_smallest_first_up_to_the_maximum(counts, maximum, room, added):
-    assert share_growth(counts, maximum, room) == added
-
-
-def test_sampler_lost_tells_a_dead_sampler_from_an_error_inside_it():
-    assert sampler_lost(ray.exceptions.ActorDiedError())
-    assert sampler_lost(ray.exceptions.ActorUnavailableError("node gone", None))
-    assert sampler_lost(ray.exceptions.OwnerDiedError(ray.ObjectRef.nil().hex(), "", ""))
-    inside = ray.exceptions.RayTaskError("collect", "traceback", RuntimeError("no horizon"))
-    assert not sampler_lost(inside)
-    # A task error caused by an actor the sampler called (an env actor) is the sampler's own error.
-    assert not sampler_lost(inside.as_instanceof_cause())
-    assert not sampler_lost(RuntimeError("unrelated"))
 
 
 @pytest.mark.parametrize(

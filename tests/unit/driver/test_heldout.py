@@ -7,16 +7,14 @@ import structlog
 from agentgym_rl.configs import load_config
 from agentgym_rl.driver.errors import TrainError
 from agentgym_rl.driver.heldout import HeldOutTasks
-from agentgym_rl.driver.rollout_dispatch import RolloutDispatch
-from agentgym_rl.learner.algorithms import build_algorithm
+from agentgym_rl.driver.samplers import SamplerGroup
 
 BABYAI = ["env.name=babyai", "env.options.levels=[GoToRedBallGrey, GoToRedBall]", "env.options.test_seeds=10"]
 
 
 def held_out(overrides: list[str]) -> HeldOutTasks:
     config = load_config(None, overrides)
-    algorithm = build_algorithm(config.algorithm.name, config.algorithm.model_extra or {})
-    return HeldOutTasks(config, RolloutDispatch(config, algorithm))
+    return HeldOutTasks(config, SamplerGroup(config))
 
 
 def test_held_out_tasks_are_evenly_spaced_test_tasks_at_the_largest_horizon_every_n_iterations():
@@ -69,9 +67,8 @@ def test_held_out_tasks_the_envs_cannot_give_are_refused(overrides: list[str], m
 
 def test_a_run_without_samplers_reads_no_held_out_task_and_says_so():
     config = load_config(None, ["trainer.mode=offline", "trainer.heldout_tasks=4", "data.files=[x.jsonl]"])
-    algorithm = build_algorithm(config.algorithm.name, config.algorithm.model_extra or {})
     with structlog.testing.capture_logs() as logs:
-        heldout = HeldOutTasks(config, RolloutDispatch(config, algorithm), plays_episodes=False)
+        heldout = HeldOutTasks(config, SamplerGroup(config), plays_episodes=False)
     assert heldout.tasks == [] and not heldout.due(0)
     assert [(log["event"], log["mode"]) for log in logs] == [
         ("no held-out tasks: this mode plays no episodes", "offline")
