@@ -29,7 +29,7 @@ from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.configs import Config, ConfigError, load_config
 from agentgym_rl.configs.errors import AgentGymError
 from agentgym_rl.configs.loader import apply_override, format_validation_error
-from agentgym_rl.driver.mix import check_action_format
+from agentgym_rl.driver.mix import check_action_format, check_oracle
 from agentgym_rl.driver.needs import pool_need
 from agentgym_rl.driver.samplers import SamplerGroup
 from agentgym_rl.envs import env_class, make
@@ -253,6 +253,8 @@ def build_config(options: EvalOptions, policy: str, run_dir: RunDir | None) -> C
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, "eval settings")) from None
     check_action_format(config.env.name, config.env.action_format, "env")
+    if config.sampler.policy == "oracle":
+        check_oracle(config.env.name, config.env.options, "env")
     return config
 
 

@@ -15,13 +15,15 @@ from fractions import Fraction
 from typing import TYPE_CHECKING
 
 import numpy as np
+from pydantic import ValidationError
 
 from agentgym_rl.configs import Config, ConfigError
 from agentgym_rl.configs.schema import EnvConfig, MixEntry
 from agentgym_rl.envs import EnvError, env_class, names
 
 if TYPE_CHECKING:
-    from agentgym_rl.actors.pools import SamplerPool
+    import ray
+
     from agentgym_rl.driver.tasks import TaskSchedule
 
 # The per-env metrics of a mixed run, each written as ``env/<name>/<key>``.
@@ -96,11 +98,13 @@ def schedule_seed(run_seed: int, index: int) -> int:
 
 
 def check_envs(config: Config) -> None:
-    """Fail before anything starts when an ``envs`` entry names an env nobody registered, or when ``env`` or an
-    entry asks for ``action_format: tools`` on an env without functions.
+    """Fail before anything starts when an ``envs`` entry names an env nobody registered, when ``env`` or an
+    entry asks for ``action_format: tools`` on an env without functions, or when ``sampler.policy=oracle`` would
+    play an env whose oracle is missing or turned off.
 
     Raises:
-        ConfigError: naming the entry and listing the registered envs (or the envs with functions).
+        ConfigError: naming the entry and listing the registered envs (or the envs with functions), or naming
+            the oracle's option and its fix.
     """
     for index, entry in enumerate(config.envs):
         try:
@@ -108,8 +112,43 @@ def check_envs(config: Config) -> None:
         except EnvError as exc:
             raise ConfigError(f"invalid config: envs[{index}].name: {exc}") from None
         check_action_format(entry.name, entry.action_format, f"envs[{index}]")
+        if config.sampler.policy == "oracle":
+            check_oracle(entry.name, entry.options, f"envs[{index}]")
     if not config.envs and config.env.action_format == "tools":
         check_action_format(config.env.name, "tools", "env")
+    if not config.envs and config.sampler.policy == "oracle":
+        check_oracle(config.env.name, config.env.options, "env")
+
+
+def check_oracle(name: str, options: dict, key: str) -> None:
+    """Fail when ``sampler.policy=oracle`` would play env ``name`` (the config section ``key``) but the env has no
+    oracle, or ``options`` turn it off (an env whose oracle costs work at every step, BabyAI's bot or SciWorld's
+    gold path, runs it only with its ``oracle`` option on).
+
+    Raises:
+        ConfigError: naming the env, the option and the fix.
+    """
+    try:
+        cls = env_class(name)
+    except EnvError:
+        return  # an unknown env is reported where it is made, with the registered names
+    if not cls.has_oracle():
+        raise ConfigError(
+            f"invalid config: sampler.policy=oracle: env {name!r} ({key}.name) has no oracle to play; set "
+            "sampler.policy=model"
+        )
+    fields = getattr(cls, "Options", None)
+    if fields is None or "oracle" not in fields.model_fields:
+        return
+    try:
+        on = fields.model_validate(options).oracle
+    except ValidationError:
+        return  # bad options are reported where the env is made, naming the keys
+    if not on:
+        raise ConfigError(
+            f"invalid config: sampler.policy=oracle plays the oracle of env {name!r}, which {key}.options.oracle=false "
+            f"turns off; set {key}.options.oracle=true (or sampler.policy=model)"
+        )
 
 
 def check_action_format(name: str, action_format: str, key: str) -> None:
@@ -158,10 +197,10 @@ def env_metrics(name: str, report: dict[str, float], episodes: int, horizon: int
 
 @dataclass
 class EnvSlot:
-    """One env of the run: its derived config, its share of each iteration's tasks, its task draw and its
-    sampler pool (samplers, env actors and the CurriculumActor that owns its horizon)."""
+    """One env of the run: its derived config, its share of each iteration's tasks, its task draw and the
+    CurriculumActor that owns its horizon (its samplers are the run's ``SamplerGroup``'s pool of the same index)."""
 
     name: str
     config: Config
     schedule: TaskSchedule
-    pool: SamplerPool
+    curriculum: ray.actor.ActorHandle

@@ -78,6 +78,13 @@ CASES = {
     "unknown command": (["trian"], "invalid choice: 'trian'"),
     "--from without --resume": (["train", "--from", "iter_1"], "--resume RUN_DIR --from iter_N"),
     "--from of no run": (["train", "--resume", "{tmp}/nowhere", "--from", "iter_1"], "holds no checkpoints/"),
+    # the oracle asked for where the env's oracle is off: refused before any actor starts, naming the fix
+    "oracle turned off": (["train", "--set", "sampler.policy=oracle"], "set env.options.oracle=true"),
+    "oracle turned off in eval": (
+        ["eval", "--model", "tiny-random", "--env", "babyai", "--set", "sampler.policy=oracle"]
+        + ["--set", "env.options.oracle=false"],
+        "set env.options.oracle=true",
+    ),
 }
 
 

@@ -102,6 +102,23 @@ def test_an_unknown_env_in_the_mix_names_the_entry_and_the_registered_envs():
     check_envs(load_config(None, MIX))
 
 
+@pytest.mark.parametrize(
+    ("envs", "says"),
+    [
+        (
+            "[{name: textcraft}, {name: babyai, options: {oracle: false}}]",
+            r"envs\[1\]\.options\.oracle=false turns off",
+        ),
+        ("[{name: babyai}, {name: mcp, options: {command: [x]}}]", r"env 'mcp' \(envs\[1\]\.name\) has no oracle"),
+    ],
+)
+def test_the_oracle_policy_needs_every_envs_oracle_on(envs, says):
+    with pytest.raises(ConfigError, match=says):
+        check_envs(load_config(None, [*MIX, "sampler.policy=oracle", f"envs={envs}"]))
+    # BabyAI's bot is on by default; TextCraft's recipe solver needs no option.
+    check_envs(load_config(None, [*MIX, "sampler.policy=oracle"]))
+
+
 def test_env_metrics_are_namespaced_by_env():
     report = {"success_rate": 0.5, "mean_reward": 0.25, "rollout/truncated_rate": 0.75, "rollout/episodes": 4.0}
     assert env_metrics("textcraft", report, 4, 3) == {
