@@ -233,7 +233,7 @@ class Trainer(ABC):
             TrainError: the learners were already restarted ``trainer.max_learner_restarts`` times.
         """
         self.learner_group.restart(lost)
-        self.samplers.transport = None  # the new learners form a new weight group
+        self.samplers.forget_transport()
         checkpoint = self.run_dir.latest_checkpoint()
         try:
             if checkpoint is None:

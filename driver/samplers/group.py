@@ -243,6 +243,10 @@ class SamplerGroup:
             return None, 0
         return delivered.versions[0], delivered.sent_bytes or source.published_bytes()
 
+    def forget_transport(self) -> None:
+        """The learners were replaced: the next sync chooses the transport again (a broadcast forms a new group)."""
+        self.transport = None
+
     def _transport(self, source: WeightSource, samplers: list[ray.actor.ActorHandle]) -> WeightTransport:
         """The transport for ``samplers``: the one in use while they stay the same, else a new one."""
         if self.transport is not None and self.transport.samplers == samplers:
