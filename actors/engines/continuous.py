@@ -57,6 +57,7 @@ class _Pending:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     rows: list[Row] = field(default_factory=list)
     abandoned: bool = False
+    admitted_at: int = 0  # decode steps taken before its rows joined the batch
 
     @property
     def reserved(self) -> int:
@@ -93,6 +94,7 @@ class ContinuousBatcher(ServingEngine):
             "abandoned": 0,
             "failed": 0,
             "admitted_while_decoding": 0,  # rows that joined a batch other rows were decoding in
+            "overtakes": 0,  # rows that finished while a row admitted before them still decoded
             "peak_rows": 0,
         }
 
@@ -216,11 +218,15 @@ class ContinuousBatcher(ServingEngine):
         self.counters["steps"] += 1
         self.counters["peak_rows"] = max(self.counters["peak_rows"], len(self.batch.rows))
         events = self.batch.step()
-        for event in events:
-            row = event.row
+        finished = [event.row for event in events if isinstance(event, StepToken) and event.finish_reason]
+        for row in finished:
             if row.kept is not None:  # a keyed row finished: keep its keys/values for the episode's next turn
                 self.engine.keep(row.tag[0].request.key, row.tag[0].request.prompt_ids, row.tokens, row.kept)
                 row.kept = None
+        # The rows still in the batch decode on; a finished row admitted after one of them overtook it.
+        earliest = min((row.tag[0].admitted_at for row in self.batch.rows), default=None)
+        if earliest is not None:
+            self.counters["overtakes"] += sum(row.tag[0].admitted_at > earliest for row in finished)
         return events
 
     def _prefill(self, admitted: list[_Pending]) -> None:
@@ -244,6 +250,7 @@ class ContinuousBatcher(ServingEngine):
             prompts += [request.prompt_ids] * request.n
             rows += pending.rows
             keys += [request.key] * request.n
+            pending.admitted_at = self.counters["steps"]
         if self.batch.rows:
             self.counters["admitted_while_decoding"] += len(rows)
         self.counters["prefill_tokens"] += self.engine.admit(self.batch, prompts, rows, keys)

@@ -120,15 +120,27 @@ class PrefixKVCache:
             return 0, None
         return reuse, [(k[:, :reuse], v[:, :reuse]) for k, v in entry.layers]
 
-    def _longest_shared(self, prompt: list[int]) -> tuple[CachedPrefix | None, int]:
-        """The entry that holds the longest whole-block prefix of ``prompt`` and how much of ``prompt`` it holds
-        (called with the lock held)."""
+    def held(self, prompt: list[int]) -> int:
+        """How many leading ids of ``prompt`` some entry holds (found as a new episode's lookup finds them), without
+        counting it as a use."""
+        with self._lock:
+            holder = self._holder(prompt)
+            return 0 if holder is None else common_prefix_length(self._entries[holder].ids, prompt)
+
+    def _holder(self, prompt: list[int]) -> Hashable | None:
+        """The key of the newest entry holding the most whole blocks of ``prompt`` (called with the lock held)."""
         holder = None
         for digest in block_hashes(prompt):
             keys = self._holders.get(digest)
             if not keys:
                 break
             holder = next(reversed(keys))
+        return holder
+
+    def _longest_shared(self, prompt: list[int]) -> tuple[CachedPrefix | None, int]:
+        """The entry that holds the longest whole-block prefix of ``prompt`` and how much of ``prompt`` it holds
+        (called with the lock held)."""
+        holder = self._holder(prompt)
         if holder is None:
             return None, 0
         entry = self._entries[holder]

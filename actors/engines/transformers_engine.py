@@ -23,7 +23,14 @@ from agentgym_rl.actors.adapters import AdapterMerger, read_checked_adapter
 from agentgym_rl.actors.engines.base import Engine, EngineSpec, Generation
 from agentgym_rl.actors.engines.continuous import ContinuousBatcher
 from agentgym_rl.actors.engines.decode import DecodeBatch, Row
-from agentgym_rl.actors.engines.kv_cache import CachedPrefix, PrefixKVCache, kv_bytes_per_token
+from agentgym_rl.actors.engines.kv_cache import (
+    BLOCK_TOKENS,
+    CachedPrefix,
+    PrefixKVCache,
+    block_hashes,
+    common_prefix_length,
+    kv_bytes_per_token,
+)
 from agentgym_rl.actors.engines.sampling import SamplingParams, StopStrings
 from agentgym_rl.actors.engines.serving import ServingEngine
 from agentgym_rl.actors.model_store import load_model, load_tokenizer
@@ -194,6 +201,8 @@ class TransformersEngine(Engine):
         """Prefill ``prompts`` into ``batch`` as ``rows``, each reusing what the prefix cache holds of it (its
         key's own entry, or the longest prefix another entry shares); returns the prompt ids run through the
         model."""
+        if self.caching:
+            self._prefill_openings(prompts, keys)
         reused = [
             self.kv_cache.lookup(key, prompt) if self.caching else (0, None)
             for key, prompt in zip(keys, prompts, strict=True)
@@ -202,6 +211,31 @@ class TransformersEngine(Engine):
         self.counters["prefill_tokens"] += prefilled
         self.counters["reused_tokens"] += sum(length for length, _ in reused)
         return prefilled
+
+    def _prefill_openings(self, prompts: list[list[int]], keys: list[Hashable | None]) -> None:
+        """Episodes admitted together that open alike beyond what the cache holds (a group's first turns, or the
+        first episodes of a run, all under one system prompt) would each prefill their common opening in the same
+        forward: prefill it once, alone, and keep it as the first such episode's entry, so that all of them reuse
+        it (the entry is replaced by that episode's own turn when it ends)."""
+        fresh: dict[int, list[tuple[Hashable, list[int]]]] = {}
+        for key, prompt in zip(keys, prompts, strict=True):
+            if key is not None and key not in self.kv_cache and len(prompt) > BLOCK_TOKENS:
+                fresh.setdefault(block_hashes(prompt[:BLOCK_TOKENS])[0], []).append((key, prompt))
+        for members in fresh.values():
+            if len(members) < 2:
+                continue
+            key, first = members[0]
+            # The common opening, leaving each member at least its last id to prefill (its logits start the reply).
+            length = min(min(common_prefix_length(first, p), len(p) - 1) for _, p in members[1:])
+            if length - self.kv_cache.held(first) < BLOCK_TOKENS:
+                continue
+            opening = first[:length]
+            batch = self.decode_batch(keep_finished=True)
+            reused = self.kv_cache.lookup(None, opening)
+            self.counters["prefill_tokens"] += batch.add([opening], [Row(params=SamplingParams())], [reused])
+            self.counters["reused_tokens"] += reused[0]
+            layers = [(layer.keys[0], layer.values[0]) for layer in batch.cache.layers]  # (H_kv, length, D) each
+            self.kv_cache.store(key, CachedPrefix(ids=opening, layers=layers))
 
     def keep(
         self, key: Hashable, prompt: list[int], reply: list[int], layers: list[tuple[torch.Tensor, torch.Tensor]]

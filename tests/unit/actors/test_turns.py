@@ -105,6 +105,30 @@ def test_episodes_that_open_alike_share_the_opening_and_sample_what_they_would_w
         assert shared[key].logprobs == pytest.approx(plain[key].logprobs, abs=1e-4)
 
 
+def test_episodes_admitted_together_prefill_their_common_opening_once(tokenizer):
+    opening = list(range(300, 364))  # 4 whole blocks
+    prompts = {"a": opening + [7, 8, 9], "b": opening + [21, 22], "c": opening[:40] + [5] * 30}
+    params = SamplingParams(max_new_tokens=5)
+
+    def play(cached_tokens: int):
+        engine = tiny_engine(tokenizer, max_cached_tokens=cached_tokens)
+        serving = engine.serving(max_rows=4, max_kv_tokens=4096, max_requests=8)
+
+        async def turns():  # all three wait together, so they are admitted in one prefill
+            requests = [CompletionRequest(p, params, seed=9, key=k, stream=False) for k, p in prompts.items()]
+            return dict(zip(prompts, await asyncio.gather(*(serving.generate(r) for r in requests)), strict=True))
+
+        return asyncio.run(turns()), engine.stats
+
+    shared, stats = play(4096)
+    plain, plain_stats = play(0)
+    assert plain_stats["prefill_tokens"] == sum(len(p) for p in prompts.values())
+    # The 40 ids all three open with are prefilled once, then each prompt's own rest.
+    assert stats["prefill_tokens"] == 40 + sum(len(p) - 40 for p in prompts.values())
+    for key in prompts:
+        assert shared[key][0].token_ids == plain[key][0].token_ids
+
+
 def test_exclusive_work_waits_for_the_turns_in_flight_and_holds_new_ones_back(tokenizer):
     engine = tiny_engine(tokenizer, max_cached_tokens=4096)
     serving = engine.serving(max_rows=4, max_kv_tokens=4096, max_requests=8)
