@@ -1,9 +1,11 @@
-"""``SamplerActor``: plays many episodes at once and batches their generation requests.
+"""``SamplerActor``: plays many episodes at once, each turn generated the moment it is ready.
 
-Each episode is a coroutine (``actors.rollout.run_episode``). Episodes that are waiting for the
-model put their prompt on a queue; one batching loop takes every pending prompt, runs a single
-batched ``generate`` in a worker thread (torch releases the GIL, so environment replies keep
-arriving meanwhile) and hands the results back. A slow environment delays only its own episode.
+Each episode is a coroutine (``actors.rollout.run_episode``). A turn whose prompt is ready goes straight into
+the engine's serving form (``Engine.serving``: for transformers a continuous batcher that admits rows between
+decode steps, for vLLM its own scheduler) and comes back the moment its reply is done; nothing waits for a
+batch to fill or for the longest reply of a batch. At most ``sampler.max_batch_size`` turns are in the engine
+at once; the rest wait their turn. Weight loads, sleep and wake let the turns in flight finish, then run with
+none in flight (``ServingEngine.exclusive``). A slow environment delays only its own episode.
 An env actor that dies, exceeds ``sampler.env_timeout_s`` or whose env raises ``EnvUnavailable`` (the server
 behind it failed) is killed and replaced (dropped instead when no node has room for a new one); its episode
 is retried once from the start on a free actor, then returned as a ``failed`` record (never trained on). ``add_envs`` grows the env pool.
@@ -14,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
-import time
 from dataclasses import dataclass
 
 import ray
@@ -23,7 +24,7 @@ import torch
 
 from agentgym_rl.actors.chat import ChatFormat
 from agentgym_rl.actors.cluster import env_request, has_room, start_env_actor
-from agentgym_rl.actors.engines import Generation, make_engine
+from agentgym_rl.actors.engines import CompletionRequest, Generation, SamplingParams, make_engine
 from agentgym_rl.actors.heap import release_free_heap, return_large_frees_to_the_os
 from agentgym_rl.actors.logs import Timeline
 from agentgym_rl.actors.model_store import load_tokenizer
@@ -59,9 +60,8 @@ def failure_reason(exc: BaseException) -> str:
     return f"{type(cause).__name__}: {cause}".splitlines()[0]
 
 
-# How long the batching loop waits for the rest of the active episodes to ask for a turn before
-# it generates for those already waiting. Env steps take milliseconds; generation takes far longer.
-BATCH_WINDOW_S = 0.01
+# Per-turn seeds are drawn below this bound from each episode's own stream (vLLM takes 31-bit seeds).
+SEED_BOUND = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -136,15 +136,20 @@ class SamplerActor:
         self.instruction: str | None = None
         self.functions: list[Function] = []
         self.free_envs: asyncio.Queue | None = None
-        self.pending: list[tuple[list[int], torch.Generator, int, asyncio.Future]] = []
-        self.wake: asyncio.Event | None = None
-        self.engine_lock: asyncio.Lock | None = None
-        self.batch_task: asyncio.Task | None = None
+        # Every turn is a request to the engine's serving form; nothing else bounds them but max_batch_size.
+        self.turns = self.engine.serving(
+            max_rows=sampler.max_batch_size,
+            max_kv_tokens=sampler.max_batch_size * sampler.max_context_tokens,
+            max_requests=2**31,
+        )
+        self.params = SamplingParams.from_config(sampler.sampling)
+        self.rows: asyncio.Semaphore | None = None  # turns in the engine at once, at most max_batch_size
+        self.in_flight = 0
         self.collects = 0  # collect calls in flight
         self.stats = {
-            "generate_calls": 0,
+            "turns": 0,
             "generated_tokens": 0,
-            "generate_s": 0.0,
+            "peak_turns_in_flight": 0,
             "env_replacements": 0,
             "env_dropped": 0,
             "env_added": 0,
@@ -152,34 +157,29 @@ class SamplerActor:
 
     def _ensure_loop_state(self) -> None:
         # asyncio objects must be created on the actor's event loop, which __init__ does not run on.
-        if self.wake is None:
-            self.wake = asyncio.Event()
-            self.engine_lock = asyncio.Lock()
+        if self.rows is None:
+            self.rows = asyncio.Semaphore(self.config.max_batch_size)
             self.free_envs = asyncio.Queue()
             for handle in self.envs:
                 self.free_envs.put_nowait(handle)
-            self.batch_task = asyncio.get_running_loop().create_task(self._batch_loop())
 
     async def load_weights(self, payload_ref: list[ray.ObjectRef]) -> int:
         """Load the weights behind ``payload_ref[0]`` (wrapped in a list so Ray passes the reference)."""
         self._ensure_loop_state()
         payload: WeightsPayload = await payload_ref[0]
-        async with self.engine_lock:
-            await asyncio.to_thread(self.engine.load_weights, payload)
+        await self.turns.load_weights(payload)
         self.events.add("weights loaded")
         return self.engine.weights_version
 
     async def sleep(self) -> None:
         """Let the engine give back its device memory until ``wake`` (colocated mode, while the learner trains)."""
         self._ensure_loop_state()
-        async with self.engine_lock:
-            await asyncio.to_thread(self.engine.sleep)
+        await self.turns.exclusive(self.engine.sleep)
         self.events.add("asleep")
 
     async def wake(self) -> None:
         self._ensure_loop_state()
-        async with self.engine_lock:
-            await asyncio.to_thread(self.engine.wake)
+        await self.turns.exclusive(self.engine.wake)
         self.events.add("awake")
 
     async def timeline(self) -> list[tuple[float, str]]:
@@ -198,8 +198,7 @@ class SamplerActor:
     async def receive_weights(self) -> int:
         """Receive the version the learner broadcasts now (between batches); returns the weights version."""
         self._ensure_loop_state()
-        async with self.engine_lock:
-            await asyncio.to_thread(self.engine.receive_weights)
+        await self.turns.exclusive(self.engine.receive_weights)
         self.events.add("weights loaded")
         return self.engine.weights_version
 
@@ -207,19 +206,21 @@ class SamplerActor:
         """Load a version the learner shares by CUDA IPC from this sampler's GPU (between batches); returns the
         weights version. The learner keeps the shared tensors until this returns."""
         self._ensure_loop_state()
-        async with self.engine_lock:
-            await asyncio.to_thread(self.engine.load_shared, shared)
+        await self.turns.exclusive(functools.partial(self.engine.load_shared, shared))
         self.events.add("weights loaded")
         return self.engine.weights_version
 
     async def state(self) -> dict:
-        """Weights version and generation counters of this sampler."""
+        """Weights version and generation counters of this sampler: its own (``turns`` generated,
+        ``peak_turns_in_flight``), its engine's (``engine_*``: prompt ids prefilled and reused) and its serving
+        form's (``batcher_*``: decode steps, rows admitted while others decoded, the most rows at once)."""
         return {
             "index": self.index,
             "weights_version": self.engine.weights_version,
             "env_actors": len(self.envs),
             **self.stats,
             **{f"engine_{name}": value for name, value in self.engine.stats.items()},
+            **{f"batcher_{name}": value for name, value in self.turns.stats.items()},
         }
 
     async def collect(self, requests: list[EpisodeRequest]) -> Trajectory | tuple[Trajectory, ...]:
@@ -234,7 +235,9 @@ class SamplerActor:
             if self.instruction is None:
                 await asyncio.gather(*(self._started(env) for env in self.envs))
                 self.instruction, self.functions = await self._instruction()
-            trajectories = await asyncio.gather(*(self._play(request, request.horizon) for request in requests))
+            trajectories = await asyncio.gather(
+                *(self._play(request, request.horizon) for request in requests)
+            )
         finally:
             self.collects -= 1
             if not self.collects:  # the rollout is over: the learner's update needs the memory more
@@ -421,10 +424,20 @@ class SamplerActor:
         )
 
     async def _generate(self, prompt: list[int], generator: torch.Generator, key: int) -> tuple[Generation, int]:
-        future = asyncio.get_running_loop().create_future()
-        self.pending.append((prompt, generator, key, future))
-        self.wake.set()
-        return await future
+        """One turn: into the engine as soon as a row is free, back as soon as its reply is done. Its seed is the
+        next draw of the episode's own stream, so the episode samples the same tokens whatever else is decoding."""
+        seed = int(torch.randint(0, SEED_BOUND, (1,), generator=generator))
+        request = CompletionRequest(prompt_ids=prompt, params=self.params, seed=seed, key=key, stream=False)
+        async with self.rows:
+            self.in_flight += 1
+            self.stats["peak_turns_in_flight"] = max(self.stats["peak_turns_in_flight"], self.in_flight)
+            try:
+                generation, version = await self.turns.generate(request)
+            finally:
+                self.in_flight -= 1
+        self.stats["turns"] += 1
+        self.stats["generated_tokens"] += len(generation.token_ids)
+        return generation, version
 
     async def _oracle_generate(self, env: ray.actor.ActorHandle, prompt: list[int]) -> tuple[Generation, int]:
         """The env oracle's reply as if sampled (in tool format, its call as the format writes it): its ids end with
@@ -435,44 +448,6 @@ class SamplerActor:
             reply = self.tool_chat.format.call_text(None, [await self._env_call(env.oracle_call.remote())])
         ids = [*self.chat.encode(reply), self.eos_token_id]
         return Generation(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop"), self.engine.weights_version
-
-    def _active_episodes(self) -> int:
-        return len(self.envs) - self.free_envs.qsize()
-
-    async def _batch_loop(self) -> None:
-        while True:
-            await self.wake.wait()
-            self.wake.clear()
-            deadline = time.monotonic() + BATCH_WINDOW_S
-            while len(self.pending) < min(self._active_episodes(), self.config.max_batch_size):
-                if time.monotonic() >= deadline:
-                    break
-                await asyncio.sleep(0.001)
-            batch = self.pending[: self.config.max_batch_size]
-            del self.pending[: len(batch)]
-            if not batch:
-                continue
-            prompts = [prompt for prompt, _, _, _ in batch]
-            generators = [generator for _, generator, _, _ in batch]
-            keys = [key for _, _, key, _ in batch]
-            started = time.perf_counter()
-            try:
-                async with self.engine_lock:
-                    results = await asyncio.to_thread(
-                        self.engine.generate, prompts, self.config.sampling, generators, keys
-                    )
-                    version = self.engine.weights_version
-            except Exception as exc:  # noqa: BLE001 -- hand the failure to every waiting episode instead of hanging them
-                for *_, future in batch:
-                    future.set_exception(exc)
-                continue
-            self.stats["generate_calls"] += 1
-            self.stats["generate_s"] += time.perf_counter() - started
-            self.stats["generated_tokens"] += sum(len(r.token_ids) for r in results)
-            for (*_, future), result in zip(batch, results, strict=True):
-                future.set_result((result, version))
-            if self.pending:
-                self.wake.set()
 
 
 def start_collect(sampler: ray.actor.ActorHandle, requests: list[EpisodeRequest]) -> list[ray.ObjectRef]:
