@@ -35,6 +35,7 @@ The output ends with one JSON line holding every ratio of the table: ``rollout_v
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib.util
 import json
 import os
@@ -55,9 +56,10 @@ import ray
 import torch
 
 from agentgym_rl.actors.cluster import init_ray
-from agentgym_rl.actors.engines import make_engine
+from agentgym_rl.actors.engines import CompletionRequest, Generation, SamplingParams, make_engine
+from agentgym_rl.actors.engines.serving import choice_seed, seeded_generator
 from agentgym_rl.actors.model_store import load_model, load_tokenizer, resolve_dtype
-from agentgym_rl.actors.sampler import EpisodeRequest, SamplerActor, start_collect
+from agentgym_rl.actors.sampler import SEED_BOUND, EpisodeRequest, SamplerActor, start_collect
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.actors.weights import pack_state_dict
 from agentgym_rl.configs import Config, load_config
@@ -89,22 +91,23 @@ def sampler_config(model: str, episodes: int, max_new_tokens: int, threads: int)
 
 
 def rollout(
-    config: Config, tasks: list[int], horizon: int, repeats: int
+    config: Config, tasks: list[int], horizon: int, repeats: int, sampler_class: type = SamplerActor
 ) -> tuple[list[Trajectory], float, object, dict]:
     """One sampler plays one episode per task, ``repeats`` times (the same episodes: same seeds); returns
     the trajectories, the fastest wall seconds, the sampler and its generation counters over that
-    fastest pass (batches formed, seconds inside generate, prompt ids prefilled and reused). The
-    fastest of several passes filters out other processes' load on a shared machine."""
+    fastest pass (decode steps, prompt ids prefilled and reused). The fastest of several passes filters out
+    other processes' load on a shared machine."""
     sampler = (
-        ray.remote(SamplerActor)
+        ray.remote(sampler_class)
         .options(num_cpus=0.25, max_concurrency=1000)
         .remote(index=0, model=config.model, sampler=config.sampler, env=config.env, seed=0)
     )
-    ray.get(sampler.set_horizon.remote(horizon))
-    warm = [EpisodeRequest(task_id=tasks[0], group=0, seed=1)]
+    warm = [EpisodeRequest(task_id=tasks[0], group=0, seed=1, horizon=horizon)]
     ray.get(start_collect(sampler, warm))  # model load, first-call overheads
     before = ray.get(sampler.state.remote())
-    requests = [EpisodeRequest(task_id=t, group=g, seed=episode_seed(0, 0, g, 0)) for g, t in enumerate(tasks)]
+    requests = [
+        EpisodeRequest(task_id=t, group=g, seed=episode_seed(0, 0, g, 0), horizon=horizon) for g, t in enumerate(tasks)
+    ]
     best, stats, trajectories = float("inf"), {}, []
     for _ in range(repeats):
         started = time.perf_counter()
@@ -114,11 +117,223 @@ def rollout(
         if seconds < best:
             best = seconds
             stats = {
-                key: after[key] - before[key]
-                for key in ("generate_calls", "generate_s", "engine_prefill_tokens", "engine_reused_tokens")
+                key: after.get(key, 0) - before.get(key, 0)
+                for key in (
+                    "turns",
+                    "batcher_steps",
+                    "engine_prefill_tokens",
+                    "engine_reused_tokens",
+                    "engine_shared_tokens",
+                )
             }
         before = after
     return trajectories, best, sampler, stats
+
+
+class LockstepSampler(SamplerActor):
+    """The sampler as it generated until 2026-12-02 (main at 17dd175), kept only to be measured against: the
+    turns that are pending within a 10 ms window form one batch, generated whole by the engine's batch
+    ``generate`` (transformers: finished rows stay as padding until the batch's longest reply ends; vLLM: the
+    batch submitted at once and awaited whole), and nothing else enters until it is done. Each turn draws the
+    same seed from its episode's stream as the continuous sampler does, so both play the same episodes."""
+
+    window_s = 0.01
+
+    async def _generate(self, prompt: list[int], generator: torch.Generator, key: int) -> tuple[Generation, int]:
+        if not hasattr(self, "pending"):
+            self.pending, self.wake_batch = [], asyncio.Event()
+            self.batch_task = asyncio.get_running_loop().create_task(self._batch_loop())
+        seed = int(torch.randint(0, SEED_BOUND, (1,), generator=generator))
+        future = asyncio.get_running_loop().create_future()
+        self.pending.append((prompt, seed, key, future))
+        self.wake_batch.set()
+        generation, version = await future
+        self.stats["turns"] += 1
+        self.stats["generated_tokens"] += len(generation.token_ids)
+        return generation, version
+
+    def _batch(self, prompts: list[list[int]], seeds: list[int], keys: list[int]) -> list[Generation]:
+        seeds = [choice_seed(seed, 0) for seed in seeds]  # what the serving form seeds a one-choice turn with
+        if self.config.engine == "vllm":
+            engine = self.engine
+            return engine._run(engine._generate_all(prompts, self.config.sampling, [s % SEED_BOUND for s in seeds]))
+        return self.engine.generate(prompts, self.config.sampling, [seeded_generator(s) for s in seeds], keys)
+
+    async def _batch_loop(self) -> None:
+        while True:
+            await self.wake_batch.wait()
+            self.wake_batch.clear()
+            deadline = time.monotonic() + self.window_s
+            active = len(self.envs) - self.free_envs.qsize()
+            while len(self.pending) < min(active, self.config.max_batch_size) and time.monotonic() < deadline:
+                await asyncio.sleep(0.001)
+                active = len(self.envs) - self.free_envs.qsize()
+            batch = self.pending[: self.config.max_batch_size]
+            del self.pending[: len(batch)]
+            if not batch:
+                continue
+            prompts, seeds, keys, futures = (list(column) for column in zip(*batch, strict=True))
+            results = await asyncio.to_thread(self._batch, prompts, seeds, keys)
+            for future, result in zip(futures, results, strict=True):
+                future.set_result((result, self.engine.weights_version))
+            if self.pending:
+                self.wake_batch.set()
+
+
+def engine_alone(config: Config, trajectories: list[Trajectory], horizon: int) -> tuple[float, int]:
+    """The engine's own throughput on the rollout's turns: every turn of every episode (its prompt, the seed
+    its episode drew for it, a key of its own) submitted at once to the engine's serving form with the
+    sampler's row bound and cache, turn by turn in order, with no env between turns; returns seconds and
+    tokens. The best the engine can do on this work: all of it is ready from the start, so the engine never
+    waits for a reply or an env, and a turn finds the previous turn's keys/values cached as often as in
+    the rollout (prefix sharing through the cache; vLLM's own prefix cache)."""
+    torch.set_num_threads(config.sampler.num_threads)
+    tokenizer = load_tokenizer(config.model.name)
+    engine = make_engine(
+        config.sampler.engine,
+        model_name=config.model.name,
+        dtype=config.sampler.dtype,
+        seed=0,
+        stop_token_ids=[tokenizer.eos_token_id],
+        pad_token_id=tokenizer.pad_token_id,
+        max_cached_tokens=config.sampler.episode_cache_tokens,
+        vllm=config.sampler.vllm,
+    )
+    serving = engine.serving(
+        max_rows=config.sampler.max_batch_size,
+        max_kv_tokens=config.sampler.max_batch_size * config.sampler.max_context_tokens,
+        max_requests=2**31,
+    )
+    params = SamplingParams.from_config(config.sampler.sampling)
+    turns = []
+    for group, trajectory in enumerate(trajectories):
+        stream = torch.Generator().manual_seed(episode_seed(0, 0, group, 0))
+        for turn, (start, _) in enumerate(trajectory.turn_spans):
+            seed = int(torch.randint(0, SEED_BOUND, (1,), generator=stream))
+            turns.append((turn, group, trajectory.token_ids[:start], seed))
+    turns.sort(key=lambda t: (t[0], t[1]))  # every episode's first turn, then every second turn, ...
+
+    async def play(requests: list[CompletionRequest]) -> list[Generation]:
+        rows = asyncio.Semaphore(config.sampler.max_batch_size)  # the sampler's bound, for vLLM's scheduler too
+
+        async def one(request: CompletionRequest) -> Generation:
+            async with rows:
+                generation, _ = await serving.generate(request)
+            return generation
+
+        return await asyncio.gather(*(one(request) for request in requests))
+
+    def requests(tag: str) -> list[CompletionRequest]:
+        return [
+            CompletionRequest(prompt, params, seed=seed, key=(tag, group, turn), stream=False)
+            for turn, group, prompt, seed in turns
+        ]
+
+    async def timed() -> tuple[float, list[Generation]]:
+        await play(requests("warm")[:1])  # first-call overheads
+        if hasattr(engine, "kv_cache"):
+            engine.kv_cache.clear()
+        started = time.perf_counter()
+        generations = await play(requests("timed"))
+        return time.perf_counter() - started, generations
+
+    seconds, generations = asyncio.run(timed())  # one loop: the serving form is bound to it
+    if hasattr(engine, "close"):
+        engine.close()
+    return seconds, sum(len(g.token_ids) for g in generations)
+
+
+def long_tailed_config(
+    model: str, engine: str, episodes: int, batch: int, max_new_tokens: int, threads: int, *, tools: bool = False
+) -> Config:
+    """BabyAI with replies of any length up to ``max_new_tokens``: sampled at temperature 1, the model writes a
+    short action in some turns and runs on to the cap in others."""
+    sets = [
+        f"model.name={model}",
+        LEVELS,
+        f"sampler.engine={engine}",
+        f"sampler.envs_per_sampler={episodes}",
+        f"sampler.max_batch_size={batch}",
+        f"sampler.sampling.max_new_tokens={max_new_tokens}",
+        "sampler.sampling.temperature=1.0",
+        f"sampler.num_threads={threads}",
+        "sampler.num_cpus=0.25",
+        "ray.num_cpus=2",
+        "ray.address=local",
+    ]
+    if tools:
+        sets += ["env.action_format=tools", "model.tool_format=hermes", "model.tool_template=auto"]
+    return load_config(RECIPE, sets)
+
+
+def reply_lengths(trajectories: list[Trajectory]) -> list[int]:
+    return sorted(end - start for t in trajectories for start, end in t.turn_spans)
+
+
+def continuous_rows(args: argparse.Namespace, engines: list[str]) -> tuple[list[tuple], list[str]]:
+    """The engine kept full: per engine, the continuous sampler against the engine alone and against the lockstep
+    sampler on a long-tailed workload; and the prefix cache against none on tool-format episodes."""
+    episodes, batch, horizon, max_new = (16, 8, 2, 128) if args.quick else (24, 8, 3, 256)
+    rows, notes = [], []
+    for engine in engines:
+        config = long_tailed_config(args.model, engine, episodes, batch, max_new, args.threads)
+        tasks = list(make(config.env.name, config.env.options).tasks("train"))[:episodes]
+        init_ray(config)
+        trajectories, seconds, sampler, stats = rollout(config, tasks, horizon, repeats=1)
+        ray.kill(sampler)
+        locked, locked_s, locked_sampler, _ = rollout(config, tasks, horizon, repeats=1, sampler_class=LockstepSampler)
+        ray.kill(locked_sampler)
+        ray.shutdown()
+        alone_s, alone_tokens = engine_alone(config, trajectories, horizon)
+        tokens = sum(t.num_sampled_tokens for t in trajectories)
+        locked_tokens = sum(t.num_sampled_tokens for t in locked)
+        lengths = reply_lengths(trajectories)
+        same = sum(a.token_ids == b.token_ids for a, b in zip(trajectories, locked, strict=True))
+        rows.append(
+            (
+                f"rollout_vs_engine_alone_{engine}",
+                f"{engine}: rollout tokens/s / engine alone",
+                (tokens / seconds) / (alone_tokens / alone_s),
+                ">= 0.85",
+            )
+        )
+        rows.append(
+            (
+                f"continuous_vs_lockstep_{engine}",
+                f"{engine}: continuous / lockstep tokens/s",
+                (tokens / seconds) / (locked_tokens / locked_s),
+                "report",
+            )
+        )
+        notes.append(
+            f"{engine}: {episodes} episodes x up to {horizon} turns, max_batch_size {batch}, replies of "
+            f"{lengths[0]}-{lengths[-1]} tokens (median {lengths[len(lengths) // 2]}, {len(lengths)} turns); "
+            f"continuous {tokens} tokens in {seconds:.1f} s ({stats['batcher_steps']} decode steps); lockstep "
+            f"{locked_tokens} in {locked_s:.1f} s ({same}/{episodes} episodes token-identical); engine alone "
+            f"{alone_tokens} in {alone_s:.1f} s"
+        )
+    rates, prefilled = {}, {}
+    for cache in ("on", "off"):
+        config = long_tailed_config(args.model, "transformers", episodes, batch, 64, args.threads, tools=True)
+        if cache == "off":
+            config.sampler.kv_cache_tokens = 0
+        tasks = list(make(config.env.name, config.env.options).tasks("train"))[:episodes]
+        init_ray(config)
+        trajectories, seconds, sampler, stats = rollout(config, tasks, horizon, repeats=1)
+        ray.kill(sampler)
+        ray.shutdown()
+        rates[cache] = sum(t.num_sampled_tokens for t in trajectories) / seconds
+        prefilled[cache] = stats
+    rows.append(
+        ("prefix_cache_vs_none", "tool format: prefix cache / none tokens/s", rates["on"] / rates["off"], ">= 3")
+    )
+    notes.append(
+        f"tool format (transformers, {episodes} episodes x up to {horizon} turns, 64 new tokens/turn): with the "
+        f"prefix cache {rates['on']:.0f} tokens/s, {prefilled['on']['engine_prefill_tokens']} prompt ids prefilled, "
+        f"{prefilled['on']['engine_reused_tokens']} reused ({prefilled['on']['engine_shared_tokens']} from other "
+        f"episodes); without {rates['off']:.0f} tokens/s, {prefilled['off']['engine_prefill_tokens']} prefilled"
+    )
+    return rows, notes
 
 
 def bare_generation(config: Config, trajectories: list[Trajectory], repeats: int) -> tuple[float, int]:
@@ -233,11 +448,46 @@ def main() -> None:
     parser.add_argument(
         "--skip-train", action="store_true", help="leave out the async vs sync row (it runs `agentgym-rl train` twice)"
     )
-    parser.add_argument("--skip-vllm", action="store_true", help="leave out the vLLM vs transformers row")
+    parser.add_argument("--skip-vllm", action="store_true", help="leave out the vLLM rows")
+    parser.add_argument(
+        "--section",
+        choices=["all", "continuous", "classic"],
+        default="all",
+        help="continuous: only the engine-kept-full rows (long-tailed workload, lockstep, prefix cache); classic: "
+        "only the others",
+    )
     args = parser.parse_args()
+    started = time.perf_counter()
+    rows, notes = [], []
+    if args.section != "classic":
+        engines = ["transformers"]
+        if not args.skip_vllm and importlib.util.find_spec("vllm") is not None:
+            engines.append("vllm")
+        else:
+            notes.append("vLLM rows left out (--skip-vllm, or vllm not installed: ./install.sh --vllm)")
+        continuous, more = continuous_rows(args, engines)
+        rows += continuous
+        notes += more
+    if args.section != "continuous":
+        classic, note = classic_rows(args)
+        rows += classic
+        notes.append(note)
+    print(f"{'measure':<45} {'ratio':>8} {'goal':>8}")
+    for _, label, ratio, goal in rows:
+        print(f"{label:<45} {ratio:>8.2f} {goal:>8}")
+    for note in notes:
+        print(f"({note})")
+    print(
+        f"({os.cpu_count()} CPU cores, {args.threads} torch threads per sampler; {time.perf_counter() - started:.0f} s in all)"
+    )
+    print(json.dumps({"ratios": {name: round(ratio, 4) for name, _, ratio, _ in rows}}))
+
+
+def classic_rows(args: argparse.Namespace) -> tuple[list[tuple], str]:
+    """The rows measured since the first benchmarks: rollout against a lockstep batch ``generate`` replay, KV reuse,
+    dtypes, vLLM against transformers, async against sync and weight publishing."""
     episodes, horizon, tokens, iterations = (8, 3, 16, 3) if args.quick else (16, 5, 32, 5)
     repeats = 3  # rollouts and bare generation: the fastest pass counts
-    started = time.perf_counter()
     config = sampler_config(args.model, episodes, tokens, args.threads)
     tasks = list(make(config.env.name, config.env.options).tasks("train"))[:episodes]
     init_ray(config)
@@ -340,21 +590,17 @@ def main() -> None:
             f"sync iteration {sync_iteration:.1f} s = rollout {sync_rollout:.1f} + update {sync_update:.1f} + sync; "
             f"async iteration {async_iteration:.1f} s"
         )
-    print(f"{'measure':<45} {'ratio':>8} {'goal':>8}")
-    for _, label, ratio, goal in rows:
-        print(f"{label:<45} {ratio:>8.2f} {goal:>8}")
-    print(
-        f"({episodes} episodes, horizon {horizon}, {tokens} new tokens/turn on {args.model}: rollout {rollout_s:.2f} s "
-        f"for {rollout_tokens} tokens in {stats['generate_calls']} batches ({stats['generate_s']:.2f} s generating, "
-        f"{stats['engine_prefill_tokens']} prompt ids prefilled, {stats['engine_reused_tokens']} reused); "
+    note = (
+        f"{episodes} episodes, horizon {horizon}, {tokens} new tokens/turn on {args.model}: rollout {rollout_s:.2f} s "
+        f"for {rollout_tokens} tokens in {stats['batcher_steps']} decode steps "
+        f"({stats['engine_prefill_tokens']} prompt ids prefilled, {stats['engine_reused_tokens']} reused); "
         f"without KV reuse {plain_s:.2f} s ({plain_stats['engine_prefill_tokens']} prefilled); "
         f"bare generate {max(t.num_turns for t in trajectories)} batches, {bare_s:.2f} s for {bare_tokens}; "
         f"env replay {env_s:.2f} s; sampler.dtype auto = {resolve_dtype('auto')} here, "
         f"tokens/s float32 {dtype_rates['float32']:.0f}, bfloat16 {dtype_rates['bfloat16']:.0f}; {vllm_note}; "
-        f"{train_note}; put+get {put_get_s * 1e3:.1f} ms, publish {publish_s * 1e3:.1f} ms "
-        f"of {megabytes:.1f} MB; {os.cpu_count()} CPU cores; {time.perf_counter() - started:.0f} s in all)"
+        f"{train_note}; put+get {put_get_s * 1e3:.1f} ms, publish {publish_s * 1e3:.1f} ms of {megabytes:.1f} MB"
     )
-    print(json.dumps({"ratios": {name: round(ratio, 4) for name, _, ratio, _ in rows}}))
+    return rows, note
 
 
 if __name__ == "__main__":
