@@ -155,7 +155,7 @@ class RolloutDispatch:
     ) -> Pending:
         """Start ``group_size`` episodes (default: ``algorithm.group_size``) of each of ``tasks[i]`` (env i's tasks)
         on env i's samplers at env i's horizon (``start_horizons``), groups numbered from ``first_group`` on;
-        returns each collect call's (env index, group). Every episode of a run reaches a sampler through here."""
+        returns each collect call's (env index, group). Every training episode is submitted to the sampler group here."""
         group_size = group_size or self.config.algorithm.group_size
         pending = {}
         group = first_group

@@ -215,7 +215,9 @@ class SamplerGroup:
             copy's size where that was the way).
 
         Raises:
-            ray.exceptions.RayActorError: a learner died (``source``'s calls); the caller decides what follows.
+            ray.exceptions.RayActorError | ray.exceptions.ObjectLostError: a learner died (``source``'s calls, or the
+                object store's copy it owned); the caller decides what follows.
+            SamplerFailed: a live sampler's load from the object store raised.
         """
         for pool in self.pools:
             pool.weights = source.published
@@ -227,6 +229,8 @@ class SamplerGroup:
             delivered = transport.deliver(self._waiter(iteration, strict=transport.name == "object_store"))
             failures = delivered.failures
         except ray.exceptions.RayTaskError as exc:  # the group did not form, or the sender's part failed
+            if isinstance(exc, ray.exceptions.ObjectLostError):  # the learner that put the version died
+                raise
             transport, failures = None, [first_line(exc)]
         if failures and (transport is None or transport.name != "object_store"):
             self.transport = None  # chosen (and a group formed) again at the next sync
