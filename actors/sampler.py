@@ -25,6 +25,7 @@ import torch
 from agentgym_rl.actors.chat import ChatFormat
 from agentgym_rl.actors.cluster import env_request, has_room, start_env_actor
 from agentgym_rl.actors.engines import CompletionRequest, Generation, SamplingParams, make_engine
+from agentgym_rl.actors.engines.serving import SEED_BOUND
 from agentgym_rl.actors.heap import release_free_heap, return_large_frees_to_the_os
 from agentgym_rl.actors.logs import Timeline
 from agentgym_rl.actors.model_store import load_tokenizer
@@ -58,10 +59,6 @@ def failure_reason(exc: BaseException) -> str:
     ``RayTaskError``'s text starts with the actor's pid and address, its cause names the server that failed."""
     cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) and exc.cause is not None else exc
     return f"{type(cause).__name__}: {cause}".splitlines()[0]
-
-
-# Per-turn seeds are drawn below this bound from each episode's own stream (vLLM takes 31-bit seeds).
-SEED_BOUND = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -196,14 +193,14 @@ class SamplerActor:
         await asyncio.to_thread(self.engine.join_weight_group, address, rank, adapter)
 
     async def receive_weights(self) -> int:
-        """Receive the version the learner broadcasts now (between batches); returns the weights version."""
+        """Receive the version the learner broadcasts now (once no turn is in flight); returns the weights version."""
         self._ensure_loop_state()
         await self.turns.exclusive(self.engine.receive_weights)
         self.events.add("weights loaded")
         return self.engine.weights_version
 
     async def load_shared_weights(self, shared: SharedWeights) -> int:
-        """Load a version the learner shares by CUDA IPC from this sampler's GPU (between batches); returns the
+        """Load a version the learner shares by CUDA IPC from this sampler's GPU (once no turn is in flight); returns the
         weights version. The learner keeps the shared tensors until this returns."""
         self._ensure_loop_state()
         await self.turns.exclusive(functools.partial(self.engine.load_shared, shared))
@@ -235,9 +232,7 @@ class SamplerActor:
             if self.instruction is None:
                 await asyncio.gather(*(self._started(env) for env in self.envs))
                 self.instruction, self.functions = await self._instruction()
-            trajectories = await asyncio.gather(
-                *(self._play(request, request.horizon) for request in requests)
-            )
+            trajectories = await asyncio.gather(*(self._play(request, request.horizon) for request in requests))
         finally:
             self.collects -= 1
             if not self.collects:  # the rollout is over: the learner's update needs the memory more

@@ -57,9 +57,9 @@ import torch
 
 from agentgym_rl.actors.cluster import init_ray
 from agentgym_rl.actors.engines import CompletionRequest, Generation, SamplingParams, make_engine
-from agentgym_rl.actors.engines.serving import choice_seed, seeded_generator
+from agentgym_rl.actors.engines.serving import SEED_BOUND, choice_seed, seeded_generator
 from agentgym_rl.actors.model_store import load_model, load_tokenizer, resolve_dtype
-from agentgym_rl.actors.sampler import SEED_BOUND, EpisodeRequest, SamplerActor, start_collect
+from agentgym_rl.actors.sampler import EpisodeRequest, SamplerActor, start_collect
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.actors.weights import pack_state_dict
 from agentgym_rl.configs import Config, load_config

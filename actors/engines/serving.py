@@ -39,6 +39,9 @@ from agentgym_rl.actors.weights import WeightsPayload
 from agentgym_rl.configs.schema import SamplingConfig
 
 T = TypeVar("T")
+# Seeds a request is sampled with stay below this bound (vLLM takes 31-bit seeds); samplers draw each turn's from
+# its episode's stream.
+SEED_BOUND = 2**31 - 1
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from typing_extensions import override
 from agentgym_rl.actors.adapters import AdapterMerger, read_checked_adapter
 from agentgym_rl.actors.engines.base import Engine, EngineSpec, EngineUnavailableError, Generation
 from agentgym_rl.actors.engines.sampling import SamplingParams
-from agentgym_rl.actors.engines.serving import ChoiceDelta, CompletionRequest, ServingEngine, choice_seed
+from agentgym_rl.actors.engines.serving import SEED_BOUND, ChoiceDelta, CompletionRequest, ServingEngine, choice_seed
 from agentgym_rl.actors.model_store import load_model, model_dir
 from agentgym_rl.actors.transport import DeviceIdentity, SharedWeights
 from agentgym_rl.actors.weight_sync import GroupAddress, WeightGroup, free_address
@@ -51,7 +51,6 @@ WORKER_EXTENSION = "agentgym_rl.actors.engines.vllm_worker.WeightLoader"
 WEIGHT_BUCKET_BYTES = 256 * 1024 * 1024
 # The workers' weight groups: the learner's (broadcast mode) and this engine's own, for object-store loads.
 LEARNER, LOCAL = "learner", "local"
-SEED_BOUND = 2**31 - 1
 CPU_KV_CACHE_BYTES = 1024**3
 DEFAULT_STEP_TOKENS = 2048  # vLLM's own scheduler budget, kept as the floor on CPU
 T = TypeVar("T")
