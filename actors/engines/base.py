@@ -5,34 +5,16 @@ from __future__ import annotations
 import abc
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 
+from agentgym_rl.actors.engines.serving import BatchServing, Generation, ServingEngine
 from agentgym_rl.actors.transport import DeviceIdentity, SharedWeights, device_identity, open_cuda_tensors
 from agentgym_rl.actors.weight_sync import GroupAddress, WeightGroup
 from agentgym_rl.actors.weights import WeightsPayload, unpack_state_dict
 from agentgym_rl.configs.errors import AgentGymError
 from agentgym_rl.configs.schema import SamplingConfig, VLLMConfig
-
-if TYPE_CHECKING:
-    from agentgym_rl.actors.engines.serving import ServingEngine
-
-
-@dataclass(frozen=True)
-class Generation:
-    """One completion: the sampled ids exactly as sampled, and their log-probabilities.
-
-    ``logprobs[i]`` is log p(token_ids[i]) under the temperature-scaled distribution the token was
-    drawn from (before top-k/top-p truncation). ``finish_reason`` is ``stop`` when a stop token was
-    sampled (it is included in ``token_ids``) or a stop string was completed (the token that
-    completed it is the last one kept, so the reply text contains the stop string), and ``length``
-    when the per-turn cap was hit.
-    """
-
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: Literal["stop", "length"]
 
 
 @dataclass(frozen=True)
@@ -108,8 +90,6 @@ class Engine(abc.ABC):
         when its reply is done (continuous batching). This default drives ``generate`` batch by batch
         (:class:`~actors.engines.serving.BatchServing`): requests that wait together form one call. Arguments as
         for :meth:`build_serving`."""
-        from agentgym_rl.actors.engines.serving import BatchServing
-
         return BatchServing(self, max_rows=max_rows, max_requests=max_requests)
 
     @classmethod

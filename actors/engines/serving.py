@@ -28,12 +28,11 @@ import functools
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Hashable
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import torch
 
-from agentgym_rl.actors.engines.base import Engine, Generation
 from agentgym_rl.actors.engines.sampling import SamplingParams
 from agentgym_rl.actors.weights import WeightsPayload
 from agentgym_rl.configs.schema import SamplingConfig
@@ -42,6 +41,22 @@ T = TypeVar("T")
 # Seeds a request is sampled with stay below this bound (vLLM takes 31-bit seeds); samplers draw each turn's from
 # its episode's stream.
 SEED_BOUND = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One completion: the sampled ids exactly as sampled, and their log-probabilities.
+
+    ``logprobs[i]`` is log p(token_ids[i]) under the temperature-scaled distribution the token was
+    drawn from (before top-k/top-p truncation). ``finish_reason`` is ``stop`` when a stop token was
+    sampled (it is included in ``token_ids``) or a stop string was completed (the token that
+    completed it is the last one kept, so the reply text contains the stop string), and ``length``
+    when the per-turn cap was hit.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: Literal["stop", "length"]
 
 
 @dataclass(frozen=True)
@@ -121,7 +136,9 @@ class ServingEngine(abc.ABC):
             :class:`QueueFullError`.
     """
 
-    engine: Engine  # the engine it generates with (weights, sleep and wake, weight groups)
+    # The Engine it generates with (weights, sleep and wake, weight groups); not named as a type here because
+    # actors.engines.base imports this module.
+    engine: Any
 
     def __init__(self, *, max_requests: int) -> None:
         self.max_requests = max_requests
@@ -242,7 +259,7 @@ class BatchServing(ServingEngine):
         max_requests: requests in flight beyond which new ones are refused (see ``ServingEngine``).
     """
 
-    def __init__(self, engine: Engine, *, max_rows: int, max_requests: int) -> None:
+    def __init__(self, engine: Any, *, max_rows: int, max_requests: int) -> None:
         super().__init__(max_requests=max_requests)
         self.engine = engine
         self.max_rows = max_rows
