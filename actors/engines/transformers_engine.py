@@ -20,6 +20,7 @@ from transformers.cache_utils import DynamicLayer
 from typing_extensions import override
 
 from agentgym_rl.actors.adapters import AdapterMerger, read_checked_adapter
+from agentgym_rl.actors.engines.attention import use_decode_attention
 from agentgym_rl.actors.engines.base import Engine, EngineSpec, Generation
 from agentgym_rl.actors.engines.continuous import ContinuousBatcher
 from agentgym_rl.actors.engines.decode import DecodeBatch, Row
@@ -69,6 +70,8 @@ class TransformersEngine(Engine):
     ) -> None:
         self.model_name = model_name
         self.model = load_model(model_name, dtype)
+        if self.model.config._attn_implementation == "sdpa":
+            use_decode_attention(self.model)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.model.to(self.device)
         self.merger = AdapterMerger(self.model)
