@@ -28,6 +28,7 @@ copied out of the batch into that cache for the episode's next turn.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ from agentgym_rl.actors.engines.serving import (
     choice_seed,
     seeded_generator,
 )
+from agentgym_rl.actors.weights import WeightsPayload
 
 log = structlog.get_logger()
 T = TypeVar("T")
@@ -145,6 +147,9 @@ class ContinuousBatcher(ServingEngine):
                 pending.abandoned = True
                 self.counters["abandoned"] += 1
                 self.wake.set()
+
+    async def _load(self, payload: WeightsPayload) -> None:
+        await self._exclusive(functools.partial(self.engine.load_weights, payload))
 
     async def _exclusive(self, work: Callable[[], T]) -> T:
         done = asyncio.get_running_loop().create_future()

@@ -24,9 +24,8 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-import functools
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Hashable
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -136,10 +135,6 @@ class ServingEngine(abc.ABC):
             :class:`QueueFullError`.
     """
 
-    # The Engine it generates with (weights, sleep and wake, weight groups); not named as a type here because
-    # actors.engines.base imports this module.
-    engine: Any
-
     def __init__(self, *, max_requests: int) -> None:
         self.max_requests = max_requests
         self.in_flight = 0
@@ -221,30 +216,35 @@ class ServingEngine(abc.ABC):
     async def load_weights(self, payload: WeightsPayload) -> None:
         """Serve ``payload``'s weights from the next admitted request on; requests in flight finish on
         the old ones first. A cancelled caller leaves the swap running to its end."""
-        await self.exclusive(functools.partial(self.engine.load_weights, payload))
+        await asyncio.shield(self._with_none_in_flight(lambda: self._load(payload)))
 
     async def exclusive(self, work: Callable[[], T]) -> T:
         """Run ``work`` (in a worker thread) with no request in flight: admitting stops, the requests in flight
-        finish, ``work`` runs, admitting resumes. For whatever must not overlap generation: a weight swap, a
-        broadcast received, the engine's sleep and wake. A cancelled caller leaves it running to its end."""
-        return await asyncio.shield(self._run_exclusive(work))
+        finish, ``work`` runs, admitting resumes. For whatever must not overlap generation: a broadcast received,
+        the engine's sleep and wake. A cancelled caller leaves it running to its end."""
+        return await asyncio.shield(self._with_none_in_flight(lambda: self._exclusive(work)))
 
-    async def _run_exclusive(self, work: Callable[[], T]) -> T:
+    async def _with_none_in_flight(self, start: Callable[[], Awaitable[T]]) -> T:
         async with self._swap_lock:
             self._admitting.clear()
             try:
                 await self._idle.wait()
-                return await self._exclusive(work)
+                return await start()
             finally:
                 self._admitting.set()
+
+    async def _exclusive(self, work: Callable[[], T]) -> T:
+        """Run ``work`` in a worker thread (called with nothing in flight); an engine whose own loop must run it
+        overrides this."""
+        return await asyncio.to_thread(work)
 
     @abc.abstractmethod
     def _deltas(self, request: CompletionRequest) -> AsyncIterator[list[ChoiceDelta]]:
         """An async generator of the request's deltas; closing it early releases whatever it holds."""
 
     @abc.abstractmethod
-    async def _exclusive(self, work: Callable[[], T]) -> T:
-        """Run ``work`` in a worker thread (called with nothing in flight)."""
+    async def _load(self, payload: WeightsPayload) -> None:
+        """Adopt ``payload`` (called with nothing in flight)."""
 
 
 class BatchServing(ServingEngine):
@@ -349,5 +349,5 @@ class BatchServing(ServingEngine):
                 if not future.done():
                     future.set_result(mine)
 
-    async def _exclusive(self, work: Callable[[], T]) -> T:
-        return await asyncio.to_thread(work)
+    async def _load(self, payload: WeightsPayload) -> None:
+        await asyncio.to_thread(self.engine.load_weights, payload)

@@ -31,7 +31,7 @@ import importlib.util
 import itertools
 import pickle
 import threading
-from collections.abc import AsyncIterator, Callable, Coroutine, Hashable
+from collections.abc import AsyncIterator, Coroutine, Hashable
 from typing import Any, TypeVar
 
 import torch
@@ -44,6 +44,7 @@ from agentgym_rl.actors.engines.serving import SEED_BOUND, ChoiceDelta, Completi
 from agentgym_rl.actors.model_store import load_model, model_dir
 from agentgym_rl.actors.transport import DeviceIdentity, SharedWeights
 from agentgym_rl.actors.weight_sync import GroupAddress, WeightGroup, free_address
+from agentgym_rl.actors.weights import WeightsPayload
 from agentgym_rl.configs.schema import SamplingConfig
 
 WORKER_EXTENSION = "agentgym_rl.actors.engines.vllm_worker.WeightLoader"
@@ -514,8 +515,8 @@ class VLLMServingEngine(ServingEngine):
         except Exception as exc:  # noqa: BLE001 -- the reading request raises it
             loop.call_soon_threadsafe(queue.put_nowait, exc)
 
-    async def _exclusive(self, work: Callable[[], T]) -> T:
-        return await asyncio.to_thread(work)
+    async def _load(self, payload: WeightsPayload) -> None:
+        await asyncio.to_thread(self.engine.load_weights, payload)
 
 
 def _top(step: dict[int, Any], count: int) -> tuple[tuple[int, float], ...]:
