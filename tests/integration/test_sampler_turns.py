@@ -16,7 +16,7 @@ from tests.factories import RECIPE
 MAX_BATCH = 2
 
 
-def test_turns_overtake_long_replies_and_at_most_max_batch_size_are_in_flight(ray_local):
+def test_turns_join_a_running_batch_and_at_most_max_batch_size_are_in_flight(ray_local):
     config = load_config(
         RECIPE,
         [
@@ -48,7 +48,7 @@ def test_turns_overtake_long_replies_and_at_most_max_batch_size_are_in_flight(ra
     # Never more than max_batch_size turns in the engine, and that many at some point (6 episodes wanted more).
     assert state["peak_turns_in_flight"] == MAX_BATCH
     assert state["batcher_peak_rows"] == MAX_BATCH
-    # Turns joined a running batch, and some finished while a reply admitted before them was still decoding.
+    # Turns joined a batch another reply was decoding in (a lockstep sampler never admits one there). Which of them
+    # then finished first depends on timing; tests/unit/actors/test_turns.py shows a short turn overtaking a long one.
     assert state["batcher_admitted_while_decoding"] > 0
-    assert state["batcher_overtakes"] > 0
     assert state["generated_tokens"] == sum(t.num_sampled_tokens for t in trajectories)
