@@ -6,6 +6,11 @@ flash kernel is built for long queries; on SmolLM2-135M (9 query heads over 3 ke
 positions in bfloat16, it took 62 % of a 326 ms step (2-core AMD EPYC, family 25). A decode query is one row of a
 matrix product, so the step here is two batched matmuls over the cache as it is, grouped by key/value head, with
 the softmax in float32. Prefills (several queries per row) go to SDPA as before.
+
+A decode batch's cache (``batch_cache``) keeps its rows in buffers with spare columns, and the keys/values
+transformers hands over are a strided window of them, which a batched matmul would copy whole first. Given that
+cache (the forward's ``batch_cache`` argument), the matmuls read the live slots' buffers instead, every column,
+contiguous; the columns outside the window are masked.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from agentgym_rl.actors.engines.batch_cache import BatchLayer
 
 DECODE_ATTENTION = "agentgym_decode"
 
@@ -33,18 +40,26 @@ def decode_attention(
     (B, Q, H, D). One query per row (a decode step) is computed here; anything else goes to SDPA."""
     batch, heads, queries, dim = query.shape
     kv_heads = key.shape[1]
+    cache = kwargs.pop("batch_cache", None)
     if queries != 1 or dropout or heads % kv_heads:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     scale = scaling if scaling is not None else dim**-0.5
+    start, end = 0, key.shape[2]
+    layer = None if cache is None else cache.layers[module.layer_idx]
+    if isinstance(layer, BatchLayer):
+        key, value, start, end = layer.slots()  # (B, H_kv, C, D) each, the window at columns start .. end
     # Query heads that share a key/value head are consecutive (the order transformers repeats them in).
     grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)  # (B, H_kv, R, D)
-    scores = torch.matmul(grouped, key.transpose(-1, -2)).float() * scale  # (B, H_kv, R, W)
+    scores = torch.matmul(grouped, key.transpose(-1, -2)).float() * scale  # (B, H_kv, R, C)
+    window = scores[..., start:end]  # (B, H_kv, R, W), a view: masked in place
     if attention_mask is not None:
         mask = attention_mask[:, :, -1:, :]  # (B, 1, 1, W): the one query's row
         if mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, float("-inf"))
+            window.masked_fill_(~mask, float("-inf"))
         else:
-            scores = scores + mask.float()
+            window.add_(mask.float())
+    scores[..., :start] = float("-inf")
+    scores[..., end:] = float("-inf")
     weights = torch.softmax(scores, dim=-1).to(value.dtype)
     out = torch.matmul(weights, value)  # (B, H_kv, R, D)
     return out.reshape(batch, 1, heads, dim), None

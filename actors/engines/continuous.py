@@ -83,7 +83,7 @@ class ContinuousBatcher(ServingEngine):
         self.engine = engine
         self.max_rows = max_rows
         self.max_kv_tokens = max_kv_tokens
-        self.batch = engine.decode_batch(keep_finished=False)
+        self.batch = engine.decode_batch(keep_finished=False, max_rows=max_rows, max_positions=max_kv_tokens)
         self.waiting: deque[_Pending] = deque()
         self.work: deque[tuple[Callable[[], object], asyncio.Future]] = deque()  # exclusive work, run when idle
         self.wake = asyncio.Event()

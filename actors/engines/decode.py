@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
+from agentgym_rl.actors.engines.batch_cache import batch_cache
 from agentgym_rl.actors.engines.sampling import SamplingParams, StopStrings, filter_logits, sample_rows, stream_on
 
 # transformers 5.2x renamed the forward's `past_key_values` to `cache` and says so in every process that decodes
@@ -111,10 +112,11 @@ class StepToken:
 
 
 def prefill_inputs(
-    prompts: list[list[int]], reused: list[Reused], pad_token_id: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, DynamicCache]:
-    """Input ids (B, S), attention mask (B, C + S), position ids (B, S) and the cache (C columns) of a
-    prefill where row ``i`` reuses ``reused[i][0]`` cached positions::
+    prompts: list[list[int]], reused: list[Reused], pad_token_id: int, device: torch.device, cache: DynamicCache
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Input ids (B, S), attention mask (B, C + S) and position ids (B, S) of a prefill where row ``i`` reuses
+    ``reused[i][0]`` cached positions, whose keys/values go into ``cache`` (empty :class:`BatchLayer` layers,
+    reserved here with room for the S new columns)::
 
         columns:  [ cached prefix, right-aligned in C | new suffix, right-aligned in S ]
         row 0:      . . k k k k k                        . . s s s        (reused 5, new 3)
@@ -137,20 +139,18 @@ def prefill_inputs(
         attention[row, width_cached - length : width_cached] = 1
         attention[row, width_cached + width_new - len(suffix) :] = 1
         positions[row, width_new - len(suffix) :] = torch.arange(length, length + len(suffix))
-    cache = DynamicCache()
     if width_cached > 0:
         sample = next(layers for _, layers in reused if layers is not None)
-        for index, (sample_keys, _) in enumerate(sample):
+        for index, (layer, (sample_keys, _)) in enumerate(zip(cache.layers, sample, strict=True)):
             heads, _, head_dim = sample_keys.shape
-            shape = (batch, heads, width_cached, head_dim)
-            keys = torch.zeros(shape, dtype=sample_keys.dtype, device=device)  # (B, H_kv, C, D)
-            values = torch.zeros_like(keys)
+            layer.reserve(
+                batch, width_cached, width_new, shape=(heads, head_dim), dtype=sample_keys.dtype, device=device
+            )
             for row, (length, layers) in enumerate(reused):
                 if layers is not None:
-                    keys[row, :, width_cached - length :] = layers[index][0]
-                    values[row, :, width_cached - length :] = layers[index][1]
-            cache.update(keys, values, index)
-    return input_ids.to(device), attention.to(device), positions.to(device), cache
+                    layer.keys[row, :, width_cached - length :] = layers[index][0]
+                    layer.values[row, :, width_cached - length :] = layers[index][1]
+    return input_ids.to(device), attention.to(device), positions.to(device)
 
 
 class DecodeBatch:
@@ -163,6 +163,9 @@ class DecodeBatch:
         generator: the shared random stream of rows without their own.
         keep_finished: keep finished rows as masked padding until the batch ends (``generate``'s
             behaviour) instead of dropping them the step they finish (serving).
+        max_rows: rows the batch may hold at once (its cache keeps slots for them, as far as ``max_positions``
+            allows); None: as many as it starts with, more by a copy of the cache.
+        max_positions: bound on the key/value positions of the slots kept for later rows (rows x columns).
     """
 
     def __init__(
@@ -173,8 +176,13 @@ class DecodeBatch:
         pad_token_id: int,
         generator: torch.Generator,
         keep_finished: bool,
+        max_rows: int | None = None,
+        max_positions: int | None = None,
     ) -> None:
         self.model = model
+        self.max_rows = max_rows
+        self.max_positions = max_positions
+        self.layers = model.config.get_text_config(decoder=True).num_hidden_layers
         self.device = stop_token_ids.device
         self.stop_token_ids = stop_token_ids
         self.stop_id_set = frozenset(stop_token_ids.tolist())
@@ -202,7 +210,15 @@ class DecodeBatch:
         """Prefill ``prompts`` (one per new row; ``reused``: cached prefixes, see :func:`prefill_inputs`)
         and merge the new rows into the batch; returns the number of prompt ids run through the model."""
         reused = reused if reused is not None else [(0, None)] * len(prompts)
-        input_ids, attention, positions, cache = prefill_inputs(prompts, reused, self.pad_token_id, self.device)
+        # Rows that start the batch get its room (slots for later rows, columns to grow by); rows joining a running
+        # batch are copied into its cache, so theirs is exact.
+        starting = not self.rows
+        cache = batch_cache(
+            self.layers,
+            spare_rows=self._spare_rows(prompts, rows) if starting else 0,
+            max_spare_columns=self._growth(rows) if starting else 0,
+        )
+        input_ids, attention, positions = prefill_inputs(prompts, reused, self.pad_token_id, self.device, cache)
         for row in rows:
             if row.generator is not None:
                 row.generator = stream_on(row.generator, self.device)
@@ -214,6 +230,7 @@ class DecodeBatch:
             position_ids=positions,
             past_key_values=cache,
             use_cache=True,
+            batch_cache=cache,  # decode attention reads the cache's slots (see ``attention``)
             logits_to_keep=1,  # only the last position's logits: the full (B, T, V) tensor would dwarf the cache
         )
         self._merge(out.past_key_values, attention, positions[:, -1:], out.logits[:, -1, :].float(), rows)
@@ -282,6 +299,7 @@ class DecodeBatch:
             position_ids=self.positions,
             past_key_values=self.cache,
             use_cache=True,
+            batch_cache=self.cache,
         )
         self.next_logits = out.logits[:, -1, :].float()
         return events
@@ -365,12 +383,10 @@ class DecodeBatch:
             return
         width = max(self.width, attention.shape[1])
         old_pad, new_pad = width - self.width, width - attention.shape[1]
-        merged = DynamicCache()
-        for index, (old, new) in enumerate(zip(self.cache.layers, cache.layers, strict=True)):
-            keys = torch.cat([F.pad(old.keys, (0, 0, old_pad, 0)), F.pad(new.keys, (0, 0, new_pad, 0))])  # (B, H, W, D)
-            values = torch.cat([F.pad(old.values, (0, 0, old_pad, 0)), F.pad(new.values, (0, 0, new_pad, 0))])
-            merged.update(keys, values, index)
-        self.cache = merged
+        growth = self._growth([*self.rows, *rows])
+        for old, new in zip(self.cache.layers, cache.layers, strict=True):
+            old.max_spare_columns = growth
+            old.append_rows(new.keys, new.values)
         self.attention = torch.cat([F.pad(self.attention, (old_pad, 0)), F.pad(attention, (new_pad, 0))])
         self.positions = torch.cat([self.positions, positions])
         self.next_logits = torch.cat([self.next_logits, logits])
@@ -392,5 +408,17 @@ class DecodeBatch:
         first = int(self.attention.any(dim=0).long().argmax())
         self.attention = self.attention[:, first:]
         for layer in self.cache.layers:
-            layer.keys = layer.keys[index, :, first:]
-            layer.values = layer.values[index, :, first:]
+            layer.keep_rows(keep, first)
+
+    def _spare_rows(self, prompts: list[list[int]], rows: list[Row]) -> int:
+        """Slots to keep for rows that join later: up to ``max_rows``, within ``max_positions`` at the width these
+        rows can grow to."""
+        slots = self.max_rows or len(prompts)
+        if self.max_positions is not None:
+            slots = min(slots, self.max_positions // (max(map(len, prompts)) + self._growth(rows)))
+        return max(0, slots - len(prompts))
+
+    @staticmethod
+    def _growth(rows: list[Row]) -> int:
+        """Columns the rows can still add: the most tokens any of them may still sample."""
+        return max((row.params.max_new_tokens - len(row.tokens) for row in rows), default=0)

@@ -144,7 +144,9 @@ class TransformersEngine(Engine):
     def release(self, key: Hashable) -> None:
         self.kv_cache.release(key)
 
-    def decode_batch(self, *, keep_finished: bool) -> DecodeBatch:
+    def decode_batch(
+        self, *, keep_finished: bool, max_rows: int | None = None, max_positions: int | None = None
+    ) -> DecodeBatch:
         """An empty batch over this engine's model, stop ids and shared stream (see :class:`DecodeBatch`)."""
         return DecodeBatch(
             self.model,
@@ -152,6 +154,8 @@ class TransformersEngine(Engine):
             pad_token_id=self.pad_token_id,
             generator=self.generator,
             keep_finished=keep_finished,
+            max_rows=max_rows,
+            max_positions=max_positions,
         )
 
     def stop_strings(self, stops: tuple[str, ...]) -> StopStrings | None:
@@ -237,7 +241,8 @@ class TransformersEngine(Engine):
             reused = self.kv_cache.lookup(None, opening)
             self.counters["prefill_tokens"] += batch.add([opening], [Row(params=SamplingParams())], [reused])
             self.counters["reused_tokens"] += reused[0]
-            layers = [(layer.keys[0], layer.values[0]) for layer in batch.cache.layers]  # (H_kv, length, D) each
+            # (H_kv, length, D) each, out of the batch's buffers (which have room beyond them)
+            layers = [(layer.keys[0].contiguous(), layer.values[0].contiguous()) for layer in batch.cache.layers]
             self.kv_cache.store(key, CachedPrefix(ids=opening, layers=layers))
 
     def keep(
