@@ -2,7 +2,16 @@
 
     python benchmarks/rollout.py [--quick] [--model tiny-random]
 
-Rows (same model, same BabyAI tasks and seeds everywhere):
+Section ``continuous`` (the engine kept full), one run per engine on a long-tailed workload (replies up to the
+per-turn cap at temperature 1):
+* rollout tokens/s vs the engine alone: the same turns (prompts and seeds as the rollout played them) submitted at
+  once to the engine's serving form with the sampler's row bound. Goal >= 0.85 for both engines.
+* continuous vs lockstep: the sampler against ``LockstepSampler`` (the batch loop samplers had before continuous
+  generation, kept here) on the same episodes.
+* prefix cache vs none: tool-format episodes as ``configs/babyai_tools/grpo_fixed_short.yaml`` plays them (its
+  horizon and reply cap) with the transformers engine, with and without ``sampler.kv_cache_tokens``. Goal >= 3.
+
+Section ``classic`` rows (same model, same BabyAI tasks and seeds everywhere):
 * rollout tokens/s vs bare generate: one SamplerActor plays N episodes; the baseline replays, turn by
   turn, one batched ``engine.generate`` over the same prompts with the same per-episode generators
   (so the same number of sequences and the same lengths). Goal >= 0.8.
@@ -54,6 +63,7 @@ sys.path[:] = [str(REPO)] + [p for p in sys.path if os.path.abspath(p or os.curd
 
 import ray
 import torch
+import yaml
 
 from agentgym_rl.actors.cluster import init_ray
 from agentgym_rl.actors.engines import CompletionRequest, Generation, SamplingParams, make_engine
@@ -70,6 +80,8 @@ from agentgym_rl.envs.actor import create_env_actor
 LEVELS = "env.options.levels=[GoToObjS6]"
 # The full-weights recipe these rows were measured with (configs/quickstart.yaml starts from a LoRA adapter).
 RECIPE = str(REPO / "configs" / "warm_start_grpo.yaml")
+# The tool-format BabyAI stage whose episodes the prefix-cache row plays (its horizon and reply cap).
+TOOLS_STAGE = REPO / "configs" / "babyai_tools" / "grpo_fixed_short.yaml"
 
 
 def sampler_config(model: str, episodes: int, max_new_tokens: int, threads: int) -> Config:
@@ -312,14 +324,16 @@ def continuous_rows(args: argparse.Namespace, engines: list[str]) -> tuple[list[
             f"{locked_tokens} in {locked_s:.1f} s ({same}/{episodes} episodes token-identical); engine alone "
             f"{alone_tokens} in {alone_s:.1f} s"
         )
+    stage = yaml.safe_load(TOOLS_STAGE.read_text())
+    tool_horizon, tool_tokens = stage["curriculum"]["horizon"], stage["sampler"]["sampling"]["max_new_tokens"]
     rates, prefilled = {}, {}
     for cache in ("on", "off"):
-        config = long_tailed_config(args.model, "transformers", episodes, batch, 64, args.threads, tools=True)
+        config = long_tailed_config(args.model, "transformers", episodes, batch, tool_tokens, args.threads, tools=True)
         if cache == "off":
             config.sampler.kv_cache_tokens = 0
         tasks = list(make(config.env.name, config.env.options).tasks("train"))[:episodes]
         init_ray(config)
-        trajectories, seconds, sampler, stats = rollout(config, tasks, horizon, repeats=1)
+        trajectories, seconds, sampler, stats = rollout(config, tasks, tool_horizon, repeats=1)
         ray.kill(sampler)
         ray.shutdown()
         rates[cache] = sum(t.num_sampled_tokens for t in trajectories) / seconds
@@ -328,7 +342,8 @@ def continuous_rows(args: argparse.Namespace, engines: list[str]) -> tuple[list[
         ("prefix_cache_vs_none", "tool format: prefix cache / none tokens/s", rates["on"] / rates["off"], ">= 3")
     )
     notes.append(
-        f"tool format (transformers, {episodes} episodes x up to {horizon} turns, 64 new tokens/turn): with the "
+        f"tool format (transformers, {episodes} episodes x up to {tool_horizon} turns, {tool_tokens} new tokens/turn "
+        f"as {TOOLS_STAGE.relative_to(REPO)} plays them): with the "
         f"prefix cache {rates['on']:.0f} tokens/s, {prefilled['on']['engine_prefill_tokens']} prompt ids prefilled, "
         f"{prefilled['on']['engine_reused_tokens']} reused ({prefilled['on']['engine_shared_tokens']} from other "
         f"episodes); without {rates['off']:.0f} tokens/s, {prefilled['off']['engine_prefill_tokens']} prefilled"
