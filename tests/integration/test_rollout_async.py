@@ -17,6 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 CLI = Path(sys.executable).parent / "agentgym-rl"
 ASYNC_TINY = [
     "model.name=tiny-random",
+    "model.adapter=null",  # the default config trains the SFT adapter of SmolLM2, not of tiny-random
     "trainer.mode=async",
     "trainer.max_staleness=1",
     "trainer.iterations=4",
