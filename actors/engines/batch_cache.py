@@ -43,8 +43,6 @@ class BatchLayer(DynamicLayer):
             by), so the buffers stay within the batch's key/value budget.
     """
 
-    is_sliding = False
-
     def __init__(self, *, spare_rows: int = 0, max_spare_columns: int | None = None) -> None:
         super().__init__()
         self.spare_rows = spare_rows

@@ -281,10 +281,7 @@ class DecodeBatch:
         if not self.keep_finished and len(going) < len(rows):
             for i in running:
                 if rows[i].keep_cache and rows[i].finish_reason is not None:
-                    columns = self.attention[i].nonzero().flatten()  # the row's real positions, in order
-                    rows[i].kept = [
-                        (layer.keys[i][:, columns], layer.values[i][:, columns]) for layer in self.cache.layers
-                    ]
+                    rows[i].kept = self.row_cache(i)
             self._select(going)
             sampled = sampled[torch.tensor(going, device=self.device, dtype=torch.long)]
         if not going:
@@ -303,6 +300,12 @@ class DecodeBatch:
         )
         self.next_logits = out.logits[:, -1, :].float()
         return events
+
+    def row_cache(self, index: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Row ``index``'s own keys/values, copied out: per layer (keys, values), each ``(H_kv, n, D)`` over the
+        row's real positions in order (its padding left out)."""
+        columns = self.attention[index].nonzero().flatten()
+        return [(layer.keys[index][:, columns], layer.values[index][:, columns]) for layer in self.cache.layers]
 
     @torch.inference_mode()
     def drop(self, rows: list[Row]) -> None:

@@ -190,11 +190,7 @@ class TransformersEngine(Engine):
             raise failed[0]
         for index, (key, prompt, row) in enumerate(zip(keys, prompts, rows, strict=True)):
             if key is not None and self.caching:
-                columns = decode.attention[index].nonzero().flatten()  # the row's real positions, in order
-                layers = [
-                    (layer.keys[index][:, columns], layer.values[index][:, columns]) for layer in decode.cache.layers
-                ]
-                self.keep(key, prompt, row.tokens, layers)
+                self.keep(key, prompt, row.tokens, decode.row_cache(index))
         return [
             Generation(token_ids=row.tokens, logprobs=row.logprobs, finish_reason=row.finish_reason) for row in rows
         ]
