@@ -27,6 +27,7 @@ from agentgym_rl.configs.loader import format_validation_error, one_line, port_a
 from agentgym_rl.configs.targets import import_target
 from agentgym_rl.driver.errors import TrainError
 from agentgym_rl.driver.run import algorithm_keys, check_algorithm, prepare_run, train
+from agentgym_rl.driver.trainer import RunEnd
 from agentgym_rl.envs import EnvError, env_class, make, names
 from agentgym_rl.envs.http.cli import add_server_arguments, parse_options, run_server
 from agentgym_rl.envs.http.models import PROTOCOLS
@@ -67,7 +68,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     stop_on_signals()
     try:
         stop_by = None if args.time_limit is None else started + args.time_limit
-        last = train(config, run_dir, resume=bool(args.resume), stop_by=stop_by)
+        end = train(config, run_dir, resume=bool(args.resume), stop_by=stop_by)
     except KeyboardInterrupt as interrupt:
         stop = stopped(interrupt)
         print(
@@ -76,19 +77,26 @@ def cmd_train(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return stop.exit_code
-    if last and last["iteration"] + 1 < config.trainer.iterations:
-        print(
-            f"agentgym-rl: stopped before --time-limit {args.time_limit:g} s after iteration {last['iteration']} of "
-            f"{config.trainer.iterations}, checkpointed. Continue with: agentgym-rl train --resume {run_dir.path}",
-            file=sys.stderr,
+    print(
+        summary_line(end, config.trainer.mode, args.time_limit, run_dir.path),
+        file=sys.stderr if end.stopped_early else sys.stdout,
+    )
+    return TIME_LIMIT_EXIT if end.stopped_early else 0
+
+
+def summary_line(end: RunEnd, mode: str, time_limit: float | None, run_dir: Path) -> str:
+    """The one line ``train`` ends with: where the run stopped, its last iteration's success and reward, and
+    where it is (``--resume`` continues a run that ``--time-limit`` stopped early)."""
+    if not end.last:
+        return f"nothing to train: the run in {run_dir} already finished its {end.iterations} iterations ({mode})"
+    last = end.last
+    scores = f"success_rate={last['success_rate']:.3f} mean_reward={last['mean_reward']:.3f}"
+    if end.stopped_early:
+        return (
+            f"agentgym-rl: stopped before --time-limit {time_limit:g} s after iteration {last['iteration']} of "
+            f"{end.iterations}, checkpointed ({mode}: {scores}). Continue with: agentgym-rl train --resume {run_dir}"
         )
-        return TIME_LIMIT_EXIT
-    if last:
-        print(
-            f"finished iteration {last['iteration']}: success_rate={last['success_rate']:.3f} "
-            f"mean_reward={last['mean_reward']:.3f}; run directory: {run_dir.path}"
-        )
-    return 0
+    return f"finished iteration {last['iteration']} of {end.iterations} ({mode}): {scores}; run directory: {run_dir}"
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

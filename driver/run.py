@@ -23,7 +23,7 @@ from agentgym_rl.driver.modes.offline import OfflineTrainer
 from agentgym_rl.driver.modes.sync import SyncTrainer
 from agentgym_rl.driver.needs import plan_run
 from agentgym_rl.driver.plan import check_memory
-from agentgym_rl.driver.trainer import Trainer
+from agentgym_rl.driver.trainer import RunEnd, Trainer
 from agentgym_rl.driver.warm_start import run_warm_start
 from agentgym_rl.learner.algorithms import AlgorithmConfigError, build_algorithm, resolve_algorithm
 
@@ -113,7 +113,7 @@ def prepare_run(config_path: str | None, overrides: list[str], resume: str | Non
     return config, run_dir
 
 
-def train(config: Config, run_dir: RunDir, *, resume: bool = False, stop_by: float | None = None) -> dict:
+def train(config: Config, run_dir: RunDir, *, resume: bool = False, stop_by: float | None = None) -> RunEnd:
     """Run training in a local or remote Ray instance and shut the local one down afterwards; ``stop_by``: see
     ``Trainer.run`` (a warm start, if any, runs whole before it is first checked)."""
     # Fail before any actor starts when the model's chat template cannot be extended token-exactly, or, for an env

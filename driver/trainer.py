@@ -59,6 +59,15 @@ class Step:
     log_fields: dict = field(default_factory=dict)  # extra fields of the "iteration done" log line
 
 
+@dataclass(frozen=True)
+class RunEnd:
+    """How ``Trainer.run`` ended, for the command's summary line."""
+
+    last: dict  # the last iteration's metrics line; empty when no iteration ran (the run had already finished)
+    iterations: int  # the iterations the run trains to, as this mode counts them (AgentEvol: its rounds)
+    stopped_early: bool  # True when ``stop_by`` ended it with iterations left (``--resume`` continues it)
+
+
 class Trainer(ABC):
     """Creates the actors of one run and drives its iterations.
 
@@ -324,8 +333,8 @@ class Trainer(ABC):
             status = f"{status} {self.heldout.status()}".rstrip()
             display.progress.update(display.overall, advance=1, status=status)
 
-    def run(self, stop_by: float | None = None) -> dict:
-        """Train to ``trainer.iterations``; returns the last iteration's metrics.
+    def run(self, stop_by: float | None = None) -> RunEnd:
+        """Train to ``trainer.iterations``; returns the last iteration's metrics and whether ``stop_by`` ended it.
 
         Args:
             stop_by: a ``time.monotonic()`` deadline. The run stops early, after checkpointing the iteration just
@@ -335,6 +344,7 @@ class Trainer(ABC):
         cfg = self.config
         last: dict = {}
         longest = 0.0
+        out_of_time = False
         with self._session() as display:
             iteration = self.start_iteration
             self.prepare(iteration)
@@ -364,7 +374,7 @@ class Trainer(ABC):
                 if out_of_time:
                     log.info("stopping before the time limit", iterations_done=done, longest_iteration_s=round(longest))
                     break
-        return last
+        return RunEnd(last, cfg.trainer.iterations, stopped_early=out_of_time)
 
     def stop_actors(self) -> None:
         """Kill this run's actors; the env actors go with the samplers that own them."""

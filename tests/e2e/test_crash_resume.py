@@ -181,14 +181,16 @@ def test_a_time_limit_stops_after_a_checkpointed_iteration_and_resume_finishes(t
     config = str(REPO / "configs" / "warm_start_grpo.yaml")
     stopped = run_cli("train", config, *settings, "--time-limit", "1", cwd=tmp_path, env=env)
     assert stopped.returncode == 3, stopped.stderr[-3000:]
-    assert (
-        f"after iteration 0 of 4, checkpointed. Continue with: agentgym-rl train --resume {run_dir}" in stopped.stderr
-    )
+    assert "after iteration 0 of 4, checkpointed (sync: success_rate=" in stopped.stderr
+    assert f"Continue with: agentgym-rl train --resume {run_dir}" in stopped.stderr
     assert [r["iteration"] for r in metrics(run_dir)] == [0]
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("iter_*")) == ["iter_000001"]
 
     resumed = run_cli("train", "--resume", str(run_dir), "--time-limit", "3600", cwd=tmp_path, env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (
+        "finished iteration 3 of 4 (sync): success_rate=" in resumed.stdout and "stopped before" not in resumed.stderr
+    )
     assert [r["iteration"] for r in metrics(run_dir)] == [0, 1, 2, 3]  # every iteration exactly once
 
 

@@ -65,7 +65,7 @@ def test_offline_dpo_on_imported_episodes(tmp_path: Path, tokenizer):
     )
     result = run_cli("train", str(config), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "finished iteration 1" in result.stdout
+    assert "finished iteration 1 of 2 (offline)" in result.stdout
     run = tmp_path / "runs" / "dpo"
     records = records_of(run)
     assert [r["iteration"] for r in records] == [0, 1]
@@ -79,6 +79,7 @@ def test_offline_dpo_on_imported_episodes(tmp_path: Path, tokenizer):
 
 
 @pytest.mark.slow
+@pytest.mark.ci  # AgentEvol through the real command: its runs ended in a traceback for landings, unseen
 def test_agentevol_rounds_explore_filter_merge_and_fine_tune(tmp_path: Path):
     config = write_config(
         tmp_path,
@@ -92,6 +93,9 @@ def test_agentevol_rounds_explore_filter_merge_and_fine_tune(tmp_path: Path):
     )
     result = run_cli("train", str(config), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
+    # the summary counts AgentEvol's rounds as its iterations, and the run was not stopped early
+    assert "finished iteration 1 of 2 (agentevol): success_rate=" in result.stdout
+    assert "stopped before" not in result.stderr
     env = make("babyai", LEVELS)
     # The oracle policy solves a held-out task exactly when its plan fits the 8-turn horizon.
     expected_test_rate = sum(len(env.oracle_episode(t)) <= 8 for t in list(env.tasks("test"))[:2]) / 2

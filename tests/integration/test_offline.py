@@ -41,7 +41,7 @@ def test_offline_mode_prunes_checkpoints_places_its_learner_and_tracks(ray_local
     run_dir.create(config)
     trainer = MODES["offline"](config, run_dir)
     try:
-        last = trainer.run()
+        last = trainer.run().last
         # the live learner holds its share of the node's resource
         assert ray.available_resources()[NODE] == pytest.approx(ray.cluster_resources()[NODE] - 0.01)
     finally:
