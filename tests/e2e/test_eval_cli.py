@@ -14,6 +14,7 @@ import pytest
 from agentgym_rl.actors.model_store import model_dir
 from agentgym_rl.actors.rundir import RunDir
 from agentgym_rl.configs import Config
+from agentgym_rl.driver.cli import main
 from agentgym_rl.driver.evaluate import episode_seeds
 from agentgym_rl.envs.babyai import LEVELS
 
@@ -114,14 +115,12 @@ def test_eval_of_a_mixed_runs_checkpoint_reports_each_env_with_its_entrys_option
     assert done.returncode == 2 and "--output names one report" in done.stderr
 
 
-@pytest.mark.slow  # two CLI start-ups: 25-40 s on a loaded two-core machine
-def test_eval_rejects_an_env_without_a_turn_limit_and_a_missing_checkpoint(tmp_path: Path):
-    done = run_cli("eval", "--checkpoint", str(tmp_path / "nowhere"), "--env", "babyai", cwd=tmp_path)
-    assert done.returncode == 2
-    assert "neither policy/config.json nor config.json" in done.stderr
-    done = run_cli("eval", "--model", "tiny-random", "--env", "agentgym-remote", cwd=tmp_path)
-    assert done.returncode == 2
-    assert "pass --max-turns N" in done.stderr
+def test_eval_rejects_an_env_without_a_turn_limit_and_a_missing_checkpoint(tmp_path: Path, capsys):
+    # In-process: both are refused before Ray starts (the one-line error path itself is tested in test_cli_errors).
+    assert main(["eval", "--checkpoint", str(tmp_path / "nowhere"), "--env", "babyai"]) == 2
+    assert "neither a policy/ model or adapter nor a model or adapter directory" in capsys.readouterr().err
+    assert main(["eval", "--model", "tiny-random", "--env", "agentgym-remote"]) == 2
+    assert "has no published turn limit; pass --max-turns N" in capsys.readouterr().err
 
 
 def sampler_processes(parent: psutil.Process) -> list[psutil.Process]:

@@ -13,6 +13,10 @@ TINY = [
     "model.adapter=null",  # the quickstart's adapter is SmolLM2's
     "warm_start.iterations=0",
     "trainer.iterations=1",
+    # 2 tasks x the quickstart's group of 4: the test counts these 8 episodes (the quickstart's own 4 tasks since
+    # ea5cf12 made the count 16), and no held-out episodes beside them
+    "trainer.tasks_per_iteration=2",
+    "trainer.heldout_tasks=0",
     "sampler.sampling.max_new_tokens=8",
     "curriculum.horizons=[2, 3]",
     "logging.progress=false",

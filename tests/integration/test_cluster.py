@@ -34,6 +34,8 @@ from tests.factories import RECIPE
 CLI = Path(sys.executable).parent / "agentgym-rl"
 TINY = [
     "model.name=tiny-random",
+    "model.adapter=null",  # the default config's (the quickstart's) adapter is SmolLM2's
+    "trainer.heldout_tasks=0",
     "env.options.levels=[GoToRedBall, GoToRedBallNoDists]",
     "sampler.sampling.max_new_tokens=8",
     "curriculum.schedule=fixed",
