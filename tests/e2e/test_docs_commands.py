@@ -86,7 +86,7 @@ AFTER_RUNS = "reads $R, the run folder the training commands above it write"
 SKIP = {
     "./install.sh && .venv/bin/agentgym-rl train": "the install (minutes) and the quickstart's training run",
     './install.sh --dev && .venv/bin/ruff check . && .venv/bin/mkdocs build --strict && .venv/bin/python -m pytest -m "not '
-    'slow or ci" -n 3 --dist loadfile': "the CI command (.ci/run), which runs this test among the others",
+    'slow or ci or shard" -n 3 --dist loadfile': "the CI command (.ci/run), which runs this test among the others",
     ".venv/bin/agentgym-rl train configs/quickstart.yaml --set trainer.iterations=8 --set curriculum.horizons=[3,6]": (
         TRAINING
     ),
