@@ -12,10 +12,10 @@ names (it reached the env server another way), so that case, like each one the i
 of its own below.
 
 The chat schema declares function calling (issue 45): `tools`, `tool_choice`, `tool` messages, assistant
-`tool_calls`, content as text parts, so the fuzzer sends them. Four of its rules relate values that JSON Schema
+`tool_calls`, content as text parts, so the fuzzer sends them. Five of its rules relate values that JSON Schema
 cannot relate: a `tool` message answers a call of the assistant message before it, a call's `arguments` string
-holds a JSON object, a function's `parameters` is a valid JSON Schema, a named `tool_choice` names one of the
-`tools`. A `before_call` hook (:func:`answerable`) makes each schema-valid body it sends keep them, decided by the
+holds a JSON object, a function's `parameters` is a valid JSON Schema, the `tools` have distinct names (JSON
+Schema's `uniqueItems` compares whole items), a named `tool_choice` names one of the `tools`. A `before_call` hook (:func:`answerable`) makes each schema-valid body it sends keep them, decided by the
 server's own body models; bodies generated to break the schema go as generated. Each rule's 400 is tested with
 the openai client in tests/integration/test_serve_tools.py.
 """
@@ -60,11 +60,13 @@ def conformance_failures(schema: schemathesis.BaseSchema, examples: int, headers
         if isinstance(event, events.ScenarioFinished):
             for case_id, checks in event.recorder.checks.items():
                 request, answer = event.recorder.cases[case_id].value, event.recorder.interactions.get(case_id)
-                status = answer.response.status_code if answer is not None and answer.response is not None else None
+                response = answer.response if answer is not None else None
+                status = response.status_code if response is not None else None
+                said = response.text[:300] if response is not None else ""
                 failures += [
                     f"{event.recorder.label}: {check.name}: {check.failure_info.failure.title}: "
-                    f"{check.failure_info.failure.message} (answered {status} to body {request.body!r:.300}, "
-                    f"headers {request.headers})"
+                    f"{check.failure_info.failure.message} (answered {status}, {said!r}, to body "
+                    f"{request.body!r:.300}, headers {request.headers})"
                     for check in checks
                     if check.failure_info is not None
                 ]
@@ -260,7 +262,8 @@ def answerable(context, case, **kwargs) -> None:
     """``before_call`` hook: a schema-valid chat body keeps the rules JSON Schema cannot state (module docstring).
     A tool message answering no call of the assistant message before it answers that message's first call, or
     becomes a user message when there is none; arguments that are no JSON object become ``{}``; parameters that
-    are no valid object schema become ``{"type": "object"}``; a named ``tool_choice`` names the first tool."""
+    are no valid object schema become ``{"type": "object"}``; a function named as one before it gets a numbered
+    name; a named ``tool_choice`` names the first tool."""
     body = case.body
     if case.operation.path != "/v1/chat/completions" or not isinstance(body, dict) or case.meta is None:
         return
@@ -283,9 +286,17 @@ def answerable(context, case, **kwargs) -> None:
         elif message.get("role") != "tool":
             calls = []
     tools = [tool["function"] for tool in body.get("tools") or () if isinstance(tool, dict) and "function" in tool]
+    taken = {function.get("name") for function in tools if isinstance(function, dict)}
+    seen: set[str] = set()
     for function in tools:
-        if isinstance(function, dict) and not _valid(FunctionSpec, function):
+        if not isinstance(function, dict):
+            continue
+        if not _valid(FunctionSpec, function):
             function["parameters"] = {"type": "object"}
+        if function.get("name") in seen:
+            function["name"] = next(f"f{n}" for n in range(len(taken) + 1) if f"f{n}" not in taken)
+            taken.add(function["name"])
+        seen.add(function.get("name"))
     choice = body.get("tool_choice")
     if isinstance(choice, dict) and tools and choice.get("function", {}).get("name") not in [f["name"] for f in tools]:
         choice["function"] = {"name": tools[0]["name"]}
