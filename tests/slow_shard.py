@@ -2,9 +2,10 @@
 
 The slow tests not marked ``ci`` are packed into shards of at most ``SHARD_BUDGET_S`` seconds each, by the times
 one whole-suite run took on a 2-core machine (``slow_times.json`` beside this file; a test not in it counts
-``UNKNOWN_S``). The commit picks the shard: the number of commits on ``HEAD`` modulo the number of shards, so
-consecutive commits step through the shards and every shard runs within a few landings. The chosen tests get
-the ``shard`` marker, which the CI command selects with ``-m "not slow or ci or shard"``.
+``UNKNOWN_S``). The commit picks the shard: ``HEAD``'s hash modulo the number of shards, so each landing draws a
+shard evenly (a count of commits would skip shards whenever landings add the same number of commits, and a
+shallow clone has none to count). The chosen tests get the ``shard`` marker, which the CI command selects with
+``-m "not slow or ci or shard"``.
 
 A test longer than the budget is in no shard (a shard holding it would push CI past its time): it runs only in
 the whole slow tier, ``pytest -m slow``, and the run's closing line names how many such tests there are.
@@ -51,15 +52,15 @@ def pack(times: dict[str, float], budget: float) -> list[list[str]]:
         count += 1
 
 
-def commit_count(root: Path) -> int | None:
-    """The number of commits on ``HEAD`` of the git checkout at ``root``, or None outside one."""
+def head_commit(root: Path) -> str | None:
+    """The hash of ``HEAD`` of the git checkout at ``root``, or None outside one."""
     try:
         done = subprocess.run(
-            ["git", "rev-list", "--count", "HEAD"], cwd=root, capture_output=True, text=True, timeout=30, check=True
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=30, check=True
         )
     except (OSError, subprocess.SubprocessError):
         return None
-    return int(done.stdout.strip())
+    return done.stdout.strip()
 
 
 def chosen_shard(count: int, root: Path) -> tuple[int | None, str]:
@@ -71,10 +72,10 @@ def chosen_shard(count: int, root: Path) -> tuple[int | None, str]:
         if not override.isdigit() or int(override) >= count:
             raise pytest.UsageError(f"AGENTGYM_SLOW_SHARD={override}: give a shard from 0 to {count - 1}, or off")
         return int(override), "AGENTGYM_SLOW_SHARD"
-    commits = commit_count(root)
-    if commits is None:
+    commit = head_commit(root)
+    if commit is None:
         return 0, "not a git checkout"
-    return commits % count, f"{commits} commits on HEAD"
+    return int(commit, 16) % count, f"commit {commit[:12]}"
 
 
 def mark_shard(config: pytest.Config, items: list[pytest.Item]) -> str:

@@ -1,5 +1,7 @@
 """The slow tier's rotating shard (tests/slow_shard.py): every slow test in exactly one shard, each within budget."""
 
+import subprocess
+
 import pytest
 
 from tests.slow_shard import chosen_shard, pack
@@ -20,9 +22,18 @@ def test_a_test_longer_than_the_budget_is_refused_and_nothing_packs_into_nothing
     assert pack({}, 600) == []
 
 
-def test_the_commit_count_picks_the_shard_unless_overridden(tmp_path, monkeypatch):
+def test_the_commit_picks_the_shard_unless_overridden(tmp_path, monkeypatch):
     monkeypatch.delenv("AGENTGYM_SLOW_SHARD", raising=False)
     assert chosen_shard(5, tmp_path) == (0, "not a git checkout")
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run(
+        ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "x"],
+        check=True,
+    )  # fmt: skip
+    head = subprocess.run(
+        ["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert chosen_shard(5, tmp_path) == (int(head, 16) % 5, f"commit {head[:12]}")
     monkeypatch.setenv("AGENTGYM_SLOW_SHARD", "3")
     assert chosen_shard(5, tmp_path) == (3, "AGENTGYM_SLOW_SHARD")
     monkeypatch.setenv("AGENTGYM_SLOW_SHARD", "off")
