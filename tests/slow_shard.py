@@ -79,8 +79,8 @@ def chosen_shard(count: int, root: Path) -> tuple[int | None, str]:
 
 
 def mark_shard(config: pytest.Config, items: list[pytest.Item]) -> str:
-    """Give this run's shard of the slow tests outside the CI tier the ``shard`` marker; returns a line for the
-    report header."""
+    """Give this run's shard of the slow tests outside the CI tier the ``shard`` marker; returns the line the run
+    closes with (``tests/conftest.py`` prints it)."""
     measured = json.loads(TIMES.read_text())["seconds"] if TIMES.exists() else {}
     outside = [item for item in items if item.get_closest_marker("slow") and not item.get_closest_marker("ci")]
     times = {item.nodeid: float(measured.get(item.nodeid, UNKNOWN_S)) for item in outside}
