@@ -6,6 +6,11 @@ parallel region waited for descheduled ones. It takes the CPUs it reserved (``nu
 An actor that computes on the CPU takes every core, as before: in sync mode rollout and update take turns, so
 each phase computes on the whole machine (one thread per reserved CPU made the CPU quickstart's learner, which
 reserves 1 of 2 cores, compute on half of them). A thread count in the actor's config wins over both.
+
+On a machine that several runs share (a CI job running tests side by side, two experiments on one box), every
+core per actor oversubscribes it: each parallel region waits for threads descheduled by the other runs. Setting
+``AGENTGYM_RL_TORCH_THREADS`` caps the default of every actor and serving replica of the run (a count in the
+config still wins).
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from __future__ import annotations
 import os
 
 import torch
+
+THREADS_CAP_VAR = "AGENTGYM_RL_TORCH_THREADS"
 
 
 def default_threads(reserved: float | None, on_gpu: bool, cores: int) -> int:
@@ -34,9 +41,19 @@ def reserved_cpus() -> float | None:
     return ray.get_runtime_context().get_assigned_resources().get("CPU", 0.0)
 
 
+def capped(threads: int) -> int:
+    """``threads``, or fewer where ``AGENTGYM_RL_TORCH_THREADS`` caps the default (see the module docstring)."""
+    cap = os.environ.get(THREADS_CAP_VAR, "").strip()
+    if not cap:
+        return threads
+    if not cap.isdigit() or int(cap) < 1:
+        raise ValueError(f"{THREADS_CAP_VAR} must be a whole number of threads, at least 1; it is {cap!r}")
+    return min(threads, int(cap))
+
+
 def set_torch_threads(configured: int) -> int:
-    """Give torch ``configured`` intra-op threads, or with 0 :func:`default_threads` for this actor; returns the
-    number set."""
-    threads = configured or default_threads(reserved_cpus(), torch.cuda.is_available(), os.cpu_count() or 1)
+    """Give torch ``configured`` intra-op threads, or with 0 :func:`default_threads` for this actor (capped);
+    returns the number set."""
+    threads = configured or capped(default_threads(reserved_cpus(), torch.cuda.is_available(), os.cpu_count() or 1))
     torch.set_num_threads(threads)
     return threads

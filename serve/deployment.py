@@ -33,6 +33,7 @@ from ray import serve
 from agentgym_rl.actors.adapters import policy_source
 from agentgym_rl.actors.engines import ChoiceDelta, CompletionRequest, ServingEngine, make_serving_engine
 from agentgym_rl.actors.model_store import load_tokenizer
+from agentgym_rl.actors.threads import capped
 from agentgym_rl.actors.tool_formats import ToolTemplate
 from agentgym_rl.actors.weights import WeightsPayload
 from agentgym_rl.configs.schema import ServeConfig, VLLMConfig
@@ -185,7 +186,8 @@ class PolicyModel:
         max_batch_size: most completions decoding at once.
         kv_cache_tokens: bound on the running batch's key/value positions (transformers engine).
         max_queued_requests: requests waiting for a row beyond the decoding ones; more are refused.
-        torch_threads: torch threads of this replica (None: :func:`default_torch_threads`).
+        torch_threads: torch threads of this replica (None: :func:`default_torch_threads`, capped by
+            ``AGENTGYM_RL_TORCH_THREADS`` where set).
         app_name: Serve application name (names the weights store).
         vllm: the vLLM engine's settings (``serve.vllm``).
     """
@@ -205,7 +207,7 @@ class PolicyModel:
         vllm: VLLMConfig | None = None,
     ) -> None:
         hide_unreserved_gpus()
-        torch.set_num_threads(torch_threads or default_torch_threads(os.cpu_count() or 1))
+        torch.set_num_threads(torch_threads or capped(default_torch_threads(os.cpu_count() or 1)))
         self.source = source
         self.engine_name = engine
         self.iteration: int | None = None

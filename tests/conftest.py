@@ -1,4 +1,10 @@
-"""Shared fixtures. Ray's loopback switch is set here, before any test module imports ray."""
+"""Shared fixtures. Ray's loopback switch is set here, before any test module imports ray.
+
+The suite runs three workers on two cores, each starting actors that compute with torch: one torch thread per
+process (the pytest workers through ``OMP_NUM_THREADS``, every actor and replica they start through
+``AGENTGYM_RL_TORCH_THREADS``), as a thread per core per process left them waiting on each other's descheduled
+threads (see docs/development.md). Set either variable to run the suite otherwise.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,8 @@ from pathlib import Path
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.pop("RAY_ADDRESS", None)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("AGENTGYM_RL_TORCH_THREADS", "1")
 
 import pytest
 

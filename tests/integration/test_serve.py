@@ -22,6 +22,7 @@ from agentgym_rl.actors.chat import ChatFormat
 from agentgym_rl.actors.engines import make_engine
 from agentgym_rl.actors.engines.serving import choice_seed, seeded_generator
 from agentgym_rl.actors.model_store import load_model, load_tokenizer
+from agentgym_rl.actors.threads import capped
 from agentgym_rl.actors.weight_sync import free_port
 from agentgym_rl.actors.weights import pack_state_dict
 from agentgym_rl.configs.schema import SamplingConfig, ServeConfig
@@ -434,7 +435,7 @@ def test_a_disconnected_client_frees_its_row_at_once_and_a_full_replica_answers_
     replica = policy_info(busy)
     before = replica["stats"]
     default = policy_info(server["url"])["torch_threads"]
-    assert replica["torch_threads"] == 2 and default == default_torch_threads(os.cpu_count())
+    assert replica["torch_threads"] == 2 and default == capped(default_torch_threads(os.cpu_count()))
     body = {"model": MODEL, "messages": CHAT, "max_tokens": 2000, "stream": True}
     client = openai.OpenAI(base_url=busy + "/v1", api_key=API_KEY, max_retries=0)
     headers = {"Authorization": f"Bearer {API_KEY}"}

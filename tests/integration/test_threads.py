@@ -1,5 +1,5 @@
 """Torch threads per actor: on a GPU the CPUs the actor reserved, on a CPU-only node every core, unless its config
-names a count."""
+names a count; ``AGENTGYM_RL_TORCH_THREADS`` caps the default (the suite sets it to 1, see tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import ray
 import torch
 
-from agentgym_rl.actors.threads import default_threads, reserved_cpus, set_torch_threads
+from agentgym_rl.actors.threads import THREADS_CAP_VAR, capped, default_threads, reserved_cpus, set_torch_threads
 
 
 class Probe:
@@ -37,8 +37,26 @@ def test_an_actor_sets_the_threads_its_config_names_or_the_default_for_what_it_r
     finally:
         ray.kill(probe)
     assert reserved == num_cpus  # what Ray reports is what the actor asked for
-    expected = configured or default_threads(reserved, torch.cuda.is_available(), os.cpu_count() or 1)
+    expected = configured or capped(default_threads(reserved, torch.cuda.is_available(), os.cpu_count() or 1))
     assert threads == torch_threads == expected
+    if not configured and os.environ.get(THREADS_CAP_VAR) == "1":
+        assert threads == 1  # the cap reaches the actor through Ray's worker environment
+
+
+@pytest.mark.parametrize(("cap", "expected"), [(None, 16), ("", 16), ("1", 1), ("4", 4), ("32", 16)])
+def test_the_cap_lowers_the_default_and_never_raises_it(monkeypatch, cap, expected):
+    if cap is None:
+        monkeypatch.delenv(THREADS_CAP_VAR, raising=False)
+    else:
+        monkeypatch.setenv(THREADS_CAP_VAR, cap)
+    assert capped(16) == expected
+
+
+@pytest.mark.parametrize("cap", ["0", "two", "-1", "1.5"])
+def test_a_cap_that_is_not_a_positive_count_is_refused_by_name(monkeypatch, cap):
+    monkeypatch.setenv(THREADS_CAP_VAR, cap)
+    with pytest.raises(ValueError, match=f"{THREADS_CAP_VAR} must be a whole number of threads, at least 1"):
+        capped(2)
 
 
 def test_outside_an_actor_nothing_is_reserved(ray_local):
