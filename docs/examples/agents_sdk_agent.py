@@ -36,7 +36,7 @@ from agents import (
     function_tool,
     set_tracing_disabled,
 )
-from gateway_agent import close_game, main, open_game, trained_trajectories
+from gateway_agent import HTTP_TIMEOUT_S, close_game, main, open_game, trained_trajectories
 from openai import AsyncOpenAI
 
 SYSTEM = "You are an agent in a grid world. Act by calling one function per turn."
@@ -65,7 +65,7 @@ def babyai_tools(env: str, env_id: int, steps: list[dict]) -> list:
     appended to ``steps``."""
 
     def act(action: str) -> str:
-        step = requests.post(f"{env}/step", json={"id": env_id, "action": action}, timeout=30).json()
+        step = requests.post(f"{env}/step", json={"id": env_id, "action": action}, timeout=HTTP_TIMEOUT_S).json()
         steps.append(step)
         return step["observation"]
 

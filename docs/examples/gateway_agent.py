@@ -33,6 +33,10 @@ from pathlib import Path
 import openai
 import requests
 
+# Longest wait for one answer of the endpoint or the env server: on a busy CPU machine (a training run beside the
+# endpoint, other jobs on its cores) one can take well over half a minute.
+HTTP_TIMEOUT_S = 300.0
+
 SYSTEM = (
     "You are an agent in a grid world. Each message describes what you see. Reply with exactly one action, "
     "such as 'turn left', 'turn right', 'move forward', 'go to <object>' or 'pickup <object>'."
@@ -59,7 +63,7 @@ def play(args: argparse.Namespace, task_id: int, group: str, seed: int) -> dict:
         replies.append(
             {"text": action, "logprobs": [entry.logprob for entry in completion.choices[0].logprobs.content]}
         )
-        step = requests.post(f"{args.env}/step", json={"id": env_id, "action": action}, timeout=30).json()
+        step = requests.post(f"{args.env}/step", json={"id": env_id, "action": action}, timeout=HTTP_TIMEOUT_S).json()
         reward = float(step["reward"])
         messages += [{"role": "assistant", "content": action}, {"role": "user", "content": step["observation"]}]
         if step["done"]:
@@ -71,22 +75,24 @@ def open_game(args: argparse.Namespace, task_id: int, group: str) -> tuple[dict,
     """An episode of the endpoint and a game of ``task_id`` on the env server: the episode, the headers that tag
     the game's model calls, the game's id and its first observation."""
     episode = requests.post(
-        f"{args.policy}/v1/episodes", json={"env": "babyai", "task_id": task_id, "group": group}, timeout=30
+        f"{args.policy}/v1/episodes", json={"env": "babyai", "task_id": task_id, "group": group}, timeout=HTTP_TIMEOUT_S
     ).json()
-    env_id = requests.post(f"{args.env}/create", timeout=30).json()["id"]
-    observation = requests.post(f"{args.env}/reset", json={"id": env_id, "data_idx": task_id}, timeout=30).json()
+    env_id = requests.post(f"{args.env}/create", timeout=HTTP_TIMEOUT_S).json()["id"]
+    observation = requests.post(
+        f"{args.env}/reset", json={"id": env_id, "data_idx": task_id}, timeout=HTTP_TIMEOUT_S
+    ).json()
     return episode, {"X-Episode-Token": episode["token"]}, env_id, observation
 
 
 def close_game(args: argparse.Namespace, episode: dict, env_id: int, reward: float, **game) -> dict:
     """Close game ``env_id`` and its episode with ``reward``; returns the game's record: ``game``, the episode
     and the endpoint's final account."""
-    requests.post(f"{args.env}/close", json={"id": env_id}, timeout=30)
+    requests.post(f"{args.env}/close", json={"id": env_id}, timeout=HTTP_TIMEOUT_S)
     closed = requests.post(
         f"{args.policy}/v1/episodes/{episode['id']}/reward",
         json={"reward": reward},
         headers={"X-Episode-Token": episode["token"]},
-        timeout=30,
+        timeout=HTTP_TIMEOUT_S,
     ).json()
     return {**game, "episode": episode["id"], "token": episode["token"], "account": closed}
 
@@ -153,13 +159,18 @@ def play_rounds(args: argparse.Namespace, play: Play, first_round: int = 0, roun
 
 
 def weights_version(args: argparse.Namespace) -> int:
-    return requests.get(f"{args.policy}/v1/policy", timeout=30).json()["weights_version"]
+    return requests.get(f"{args.policy}/v1/policy", timeout=HTTP_TIMEOUT_S).json()["weights_version"]
 
 
 def taken_for_training(args: argparse.Namespace, game: dict) -> bool:
     """Whether the run has taken ``game``'s episode (the endpoint no longer holds it: 404)."""
     headers = {"X-Episode-Token": game["token"]}
-    return requests.get(f"{args.policy}/v1/episodes/{game['episode']}", headers=headers, timeout=30).status_code == 404
+    return (
+        requests.get(
+            f"{args.policy}/v1/episodes/{game['episode']}", headers=headers, timeout=HTTP_TIMEOUT_S
+        ).status_code
+        == 404
+    )
 
 
 def play_paced(args: argparse.Namespace, play: Play) -> list[dict]:
@@ -276,7 +287,7 @@ def run_agent(args: argparse.Namespace, play: Play, check: Check, extra_settings
             args.policy, run = f"http://127.0.0.1:{port}", runs / "gateway"
         if args.model is None:
             [args.model] = [
-                model["id"] for model in requests.get(f"{args.policy}/v1/models", timeout=30).json()["data"]
+                model["id"] for model in requests.get(f"{args.policy}/v1/models", timeout=HTTP_TIMEOUT_S).json()["data"]
             ]
         results = play_paced(args, play) if args.paced else play_rounds(args, play)
         if run is not None:  # a round per iteration, until the run has trained twice
