@@ -260,7 +260,7 @@ def test_screenshot_of_a_bundled_site_is_a_real_render(env: WebEnv, tmp_path: Pa
 def browser_processes(pid: int, kind: str) -> list[psutil.Process]:
     """``kind`` "chromium": Chromium's processes below ``pid``; "driver": Playwright's driver (its bundled
     node). Nothing else is picked: this process's other children include the session's Ray processes."""
-    driver = str(Path(playwright.__file__).parent / "driver")
+    driver = str((Path(playwright.__file__).parent / "driver").resolve())  # exe() is the resolved path
     found = []
     for process in psutil.Process(pid).children(recursive=True):
         with contextlib.suppress(psutil.NoSuchProcess):
