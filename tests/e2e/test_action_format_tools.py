@@ -77,8 +77,7 @@ def test_train_plays_every_env_by_calls_and_the_oracle_written_as_calls_wins(run
     assert (run / "checkpoints" / "iter_000001" / "policy").is_dir()
 
 
-@pytest.mark.slow
-@pytest.mark.ci
+@pytest.mark.slow  # an eval run of its own after the module's training run: in the slow tier's rotation
 def test_eval_plays_the_checkpoint_in_the_format_it_trained_in(run: Path):
     envs = [item for env in ENVS for item in ("--env", env)]  # one eval, one report per env
     done = run_cli(

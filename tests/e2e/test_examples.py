@@ -31,8 +31,7 @@ def test_every_example_is_shown_by_a_page():
         assert f'--8<-- "docs/examples/{script.name}"' in pages, f"no page includes {script.name}"
 
 
-@pytest.mark.slow
-@pytest.mark.ci
+@pytest.mark.slow  # each a minute or more of the real CLI: the examples run in the slow tier's rotation
 @pytest.mark.parametrize("script", EXAMPLES, ids=lambda p: p.stem)
 def test_example_runs_and_its_checks_hold(script: Path, tmp_path: Path):
     result = run(script, cwd=tmp_path)

@@ -676,6 +676,7 @@ def test_update_reaches_every_replica(server, checkpoint):
         delete_app("two-replicas")
 
 
+@pytest.mark.slow  # about 5 min of vLLM's CPU build beside other tests: in the slow tier's rotation
 @pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None, reason="needs the vLLM engine (./install.sh --vllm or --dev)"
 )

@@ -40,6 +40,7 @@ def test_vllm_settings_that_fit_are_accepted_and_ignored_by_the_transformers_eng
     Config.model_validate({"sampler": {"vllm": {"tensor_parallel_size": 8}}})
 
 
+@pytest.mark.slow  # vLLM's CPU build takes a minute to start beside other tests: in the slow tier's rotation
 @pytest.mark.skipif(VLLM_MISSING, reason="needs vllm with a CUDA GPU, or vLLM's CPU build: ./install.sh --vllm")
 def test_the_vllm_engine_takes_its_settings():
     from agentgym_rl.actors.engines import make_engine
