@@ -8,7 +8,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 # The entry point sets Ray's loopback switch before anything imports ray: a local Ray instance
 # started by this process (and its workers) then listens on 127.0.0.1 only.
@@ -26,11 +26,12 @@ from agentgym_rl.configs.errors import AgentGymError
 from agentgym_rl.configs.loader import format_validation_error, one_line, port_argument
 from agentgym_rl.configs.targets import import_target
 from agentgym_rl.driver.errors import TrainError
-from agentgym_rl.driver.run import algorithm_keys, check_algorithm, prepare_run, train
-from agentgym_rl.driver.trainer import RunEnd
 from agentgym_rl.envs import EnvError, env_class, make, names
 from agentgym_rl.envs.http.cli import add_server_arguments, parse_options, run_server
 from agentgym_rl.envs.http.models import PROTOCOLS
+
+if TYPE_CHECKING:
+    from agentgym_rl.driver.trainer import RunEnd
 
 log = structlog.get_logger()
 # `train --time-limit` stopped the run with iterations left: not an error (2), and not a signal (128 + N).
@@ -51,6 +52,10 @@ class Parser(argparse.ArgumentParser):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    # torch and transformers load here, not at start: `envs`, `env-server`, `--help` and a bad option answer in a
+    # second, not in the 8 s of CPU those imports cost
+    from agentgym_rl.driver.run import prepare_run, train
+
     started = time.monotonic()
     if args.time_limit is not None and not args.time_limit > 0:
         raise TrainError(f"--time-limit {args.time_limit:g}: give a positive number of seconds")
@@ -101,6 +106,7 @@ def summary_line(end: RunEnd, mode: str, time_limit: float | None, run_dir: Path
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from agentgym_rl.driver.plan import format_plan, plan_for
+    from agentgym_rl.driver.run import algorithm_keys, check_algorithm
 
     config = load_config(args.config, args.set, algorithm_keys=algorithm_keys)
     check_algorithm(config)
