@@ -17,9 +17,13 @@ from __future__ import annotations
 
 import os
 
-import torch
+from agentgym_rl.configs.errors import AgentGymError
 
 THREADS_CAP_VAR = "AGENTGYM_RL_TORCH_THREADS"
+
+
+class ThreadsCapError(AgentGymError, ValueError):
+    """``AGENTGYM_RL_TORCH_THREADS`` is set to something other than a whole number of threads, at least 1."""
 
 
 def default_threads(reserved: float | None, on_gpu: bool, cores: int) -> int:
@@ -41,19 +45,31 @@ def reserved_cpus() -> float | None:
     return ray.get_runtime_context().get_assigned_resources().get("CPU", 0.0)
 
 
-def capped(threads: int) -> int:
-    """``threads``, or fewer where ``AGENTGYM_RL_TORCH_THREADS`` caps the default (see the module docstring)."""
+def thread_cap() -> int | None:
+    """The cap ``AGENTGYM_RL_TORCH_THREADS`` sets, or None where it is unset.
+
+    Raises:
+        ThreadsCapError: it is set to something other than a whole number of threads, at least 1.
+    """
     cap = os.environ.get(THREADS_CAP_VAR, "").strip()
     if not cap:
-        return threads
+        return None
     if not cap.isdigit() or int(cap) < 1:
-        raise ValueError(f"{THREADS_CAP_VAR} must be a whole number of threads, at least 1; it is {cap!r}")
-    return min(threads, int(cap))
+        raise ThreadsCapError(f"{THREADS_CAP_VAR} must be a whole number of threads, at least 1; it is {cap!r}")
+    return int(cap)
+
+
+def capped(threads: int) -> int:
+    """``threads``, or fewer where ``AGENTGYM_RL_TORCH_THREADS`` caps the default (see the module docstring)."""
+    cap = thread_cap()
+    return threads if cap is None else min(threads, cap)
 
 
 def set_torch_threads(configured: int) -> int:
     """Give torch ``configured`` intra-op threads, or with 0 :func:`default_threads` for this actor (capped);
     returns the number set."""
+    import torch  # here: the command line reads the cap (``thread_cap``) before it loads torch
+
     threads = configured or capped(default_threads(reserved_cpus(), torch.cuda.is_available(), os.cpu_count() or 1))
     torch.set_num_threads(threads)
     return threads

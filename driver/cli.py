@@ -21,6 +21,7 @@ import structlog
 from agentgym_rl.actors.cluster import stop_on_signals, stopped
 from agentgym_rl.actors.logs import configure_logging
 from agentgym_rl.actors.rundir import RunDir
+from agentgym_rl.actors.threads import thread_cap
 from agentgym_rl.configs import load_config
 from agentgym_rl.configs.errors import AgentGymError
 from agentgym_rl.configs.loader import format_validation_error, one_line, port_argument
@@ -482,6 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
+        thread_cap()  # a bad cap is refused here in one line, not in every actor's start
         return args.func(args)
     except AgentGymError as exc:
         print(f"agentgym-rl: error: {one_line(str(exc))}", file=sys.stderr)

@@ -10,6 +10,7 @@ import ray
 import torch
 
 from agentgym_rl.actors.threads import THREADS_CAP_VAR, capped, default_threads, reserved_cpus, set_torch_threads
+from agentgym_rl.driver.cli import main
 
 
 class Probe:
@@ -57,6 +58,14 @@ def test_a_cap_that_is_not_a_positive_count_is_refused_by_name(monkeypatch, cap)
     monkeypatch.setenv(THREADS_CAP_VAR, cap)
     with pytest.raises(ValueError, match=f"{THREADS_CAP_VAR} must be a whole number of threads, at least 1"):
         capped(2)
+
+
+def test_the_command_line_refuses_a_bad_cap_in_one_line_before_a_run_starts(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv(THREADS_CAP_VAR, "two")
+    assert main(["train", "--set", f"run.dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"agentgym-rl: error: {THREADS_CAP_VAR} must be a whole number of threads, at least 1; it is 'two'"
+    assert not any(tmp_path.iterdir())  # no run directory left behind
 
 
 def test_outside_an_actor_nothing_is_reserved(ray_local):
