@@ -112,7 +112,5 @@ def test_the_site_build_fails_on_a_config_field_without_a_description(tmp_path: 
     build = [str(MKDOCS), "build", "--strict", "-d", str(tmp_path / "site")]
     result = subprocess.run(build, cwd=copy, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert result.returncode != 0
+    # the message pins the cause; that the tree as it is builds, `.ci/run` and tests/e2e/test_docs_site.py show
     assert "config field run.colour (RunConfig.colour) has no description" in result.stdout + result.stderr
-    schema.write_text(text)  # the same copy with the schema as it is builds
-    result = subprocess.run(build, cwd=copy, env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]

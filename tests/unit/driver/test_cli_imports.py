@@ -20,4 +20,3 @@ def test_help_and_the_parser_do_not_import_torch():
         "try:\n    main(['--help'])\nexcept SystemExit:\n    pass"
     )
     assert not modules_after(code) & set(HEAVY)
-
