@@ -124,6 +124,7 @@ class SamplerActor:
             fit_cache_to_memory=sampler.kv_cache_tokens is None,
             adapter=model.adapter,
             vllm=sampler.vllm,
+            modelled=sampler.modelled,
         )
         # Each episode attempt gets its own key: the engine keeps its keys/values between turns.
         self.episode_keys = itertools.count()

@@ -7,11 +7,22 @@ import paths are kept here, as text: nothing in this module imports an engine.
 
 from __future__ import annotations
 
+from agentgym_rl.configs.errors import AgentGymError
+
+
+class SimulatedEngineError(AgentGymError, ValueError):
+    """A simulated engine was given where results must come from a model (an evaluation, a comparison, a stage)."""
+
+
 # The shipped engines: registered in every process, so a config keeps their short names.
 SHIPPED_ENGINES = {
     "transformers": "agentgym_rl.actors.engines.transformers_engine:TransformersEngine",
     "vllm": "agentgym_rl.actors.engines.vllm_engine:VLLMEngine",
+    "modelled": "agentgym_rl.actors.engines.modelled:ModelledEngine",
 }
+# Engines that simulate a model's time without computing it (scale benchmarks): nothing they sample is evidence of
+# learning, so evaluations, comparisons and experiment stages refuse them.
+SIMULATED_ENGINES = frozenset({"modelled"})
 
 _ENGINES: dict[str, str] = dict(SHIPPED_ENGINES)
 
@@ -55,3 +66,17 @@ def config_engine(name: str) -> str:
     """
     target = engine_target(name)
     return name if name in SHIPPED_ENGINES else target
+
+
+def refuse_simulated(engine: str, what: str) -> None:
+    """Raise :class:`SimulatedEngineError` when ``engine`` (a config's engine setting) is a simulation.
+
+    Args:
+        engine: the engine name or path a config keeps.
+        what: what refuses it, for the message (``agentgym-rl eval``, ``a compare report``, ...).
+    """
+    if engine in SIMULATED_ENGINES or engine in {SHIPPED_ENGINES[name] for name in SIMULATED_ENGINES}:
+        raise SimulatedEngineError(
+            f"{what} refuses engine {engine!r}: it is a simulation (replies drawn, not sampled from a model) for scale "
+            "benchmarks only, and no learning or evaluation result may come from it; use engine transformers or vllm"
+        )

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from agentgym_rl.configs.engines import config_engine
+from agentgym_rl.configs.engines import SIMULATED_ENGINES, config_engine
 from agentgym_rl.configs.strict import StrictNumbers
 
 # Driver loops that train on a weighted mix of envs (`envs`).
@@ -135,11 +135,47 @@ class VLLMConfig(Section):
             )
 
 
+class ModelledEngineConfig(Section):
+    """Settings of the modelled engine (`engine: modelled`), a simulation for scale benchmarks: no model runs.
+
+    Each reply is drawn, not computed: its length from a log-normal distribution (agents' replies are long-tailed),
+    its text filler ending in ``Action: <one of actions>`` and the end-of-turn token, so episodes play on to their end.
+    Time passes as a GPU engine with continuous batching would spend it, asleep (no CPU): a decode step of ``rows``
+    rows takes ``decode_step_s + decode_row_s * rows``, and every prompt id not cached from the episode's previous
+    turn costs ``prefill_token_s`` while the batch waits. The defaults model a 7B model (Qwen2.5-7B, bfloat16) on one
+    H100 SXM by its roofline (docs/results/performance.md derives them). Never a learning claim: `eval`, `compare`
+    and the stage scripts refuse it, and a run with it plays no held-out tasks.
+    """
+
+    reply_tokens_median: int = Field(32, ge=1, description="Median reply length in tokens (log-normal).")
+    reply_tokens_sigma: float = Field(
+        0.7, ge=0.0, description="Spread of the log-normal reply length (sigma of its log); 0: every reply the median."
+    )
+    actions: list[str] = Field(
+        default_factory=lambda: ["turn left", "turn right", "move forward"],
+        min_length=1,
+        description="What a reply's last line says after `Action: `, drawn uniformly per reply: actions the env accepts "
+        "(the defaults are BabyAI's, always available there).",
+    )
+    decode_step_s: float = Field(
+        0.0065, ge=0.0, description="Seconds of one decode step whatever its rows (reading the weights)."
+    )
+    decode_row_s: float = Field(
+        5.5e-5, ge=0.0, description="Seconds one more row adds to a decode step (its compute and its keys/values)."
+    )
+    prefill_token_s: float = Field(
+        3.1e-5,
+        ge=0.0,
+        description="Seconds per prompt id prefilled (ids cached from the episode's last turn cost none).",
+    )
+
+
 class SamplerConfig(Section):
     engine: str = Field(
         "transformers",
         description="Generation engine: `transformers` (CPU or one GPU), `vllm` (needs a CUDA GPU and "
-        "`pip install agentgym-rl[vllm]`; checked when the sampler starts), a name registered with "
+        "`pip install agentgym-rl[vllm]`; checked when the sampler starts), `modelled` (a simulation for scale "
+        "benchmarks: replies drawn, GPU time modelled; see `modelled`), a name registered with "
         "`actors.engines.register_engine` (kept as the `package.module:Class` it stands for) or such a path.",
     )
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
@@ -234,6 +270,10 @@ class SamplerConfig(Section):
         "that has not started by then is removed and the pool stays smaller.",
     )
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings (`engine: vllm`).")
+    modelled: ModelledEngineConfig = Field(
+        default_factory=ModelledEngineConfig,
+        description="Modelled engine settings (`engine: modelled`, a simulation for scale benchmarks only).",
+    )
 
     @property
     def episode_cache_tokens(self) -> int:
@@ -836,6 +876,15 @@ class Config(Section):
             raise ValueError(
                 f"trainer.mode=agentevol fine-tunes on filtered episodes: set algorithm.name=sft "
                 f"(got {self.algorithm.name!r})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _simulation_claims_nothing(self) -> Config:
+        if self.trainer.heldout_tasks and self.sampler.engine in SIMULATED_ENGINES:
+            raise ValueError(
+                "sampler.engine=modelled is a simulation for scale benchmarks; held-out success rates from it would "
+                f"claim what no model did: set trainer.heldout_tasks=0 (got {self.trainer.heldout_tasks})"
             )
         return self
 

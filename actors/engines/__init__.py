@@ -20,7 +20,7 @@ from agentgym_rl.actors.engines.serving import (
     ServingEngine,
 )
 from agentgym_rl.actors.model_store import resolve_dtype
-from agentgym_rl.configs.schema import VLLMConfig
+from agentgym_rl.configs.schema import ModelledEngineConfig, VLLMConfig
 
 
 def make_engine(
@@ -34,6 +34,7 @@ def make_engine(
     max_cached_tokens: int = 0,
     adapter: str | None = None,
     vllm: VLLMConfig | None = None,
+    modelled: ModelledEngineConfig | None = None,
     fit_cache_to_memory: bool = False,
 ) -> Engine:
     """Create engine ``name`` (a registered name, see ``engine_names``, or ``package.module:Class``).
@@ -49,6 +50,7 @@ def make_engine(
             vLLM keeps its own prefix cache.
         adapter: a LoRA adapter directory (base ``model_name``) applied before the first generation.
         vllm: the vLLM engine's settings (parallelism, memory share, longest sequence); None: the defaults.
+        modelled: the modelled engine's settings (reply lengths, modelled GPU time); None: the defaults.
         fit_cache_to_memory: transformers engine on a GPU: keep at most the key/value positions that half the
             memory free after the model loads holds.
 
@@ -65,6 +67,7 @@ def make_engine(
         max_cached_tokens=max_cached_tokens,
         adapter=adapter,
         vllm=vllm or VLLMConfig(),
+        modelled=modelled or ModelledEngineConfig(),
         fit_cache_to_memory=fit_cache_to_memory,
     )
     return engine_class(name).build(spec)

@@ -14,7 +14,7 @@ from agentgym_rl.actors.transport import DeviceIdentity, SharedWeights, device_i
 from agentgym_rl.actors.weight_sync import GroupAddress, WeightGroup
 from agentgym_rl.actors.weights import WeightsPayload, unpack_state_dict
 from agentgym_rl.configs.errors import AgentGymError
-from agentgym_rl.configs.schema import SamplingConfig, VLLMConfig
+from agentgym_rl.configs.schema import ModelledEngineConfig, SamplingConfig, VLLMConfig
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,7 @@ class EngineSpec:
     max_cached_tokens: int = 0  # keys/values kept between an episode's turns (0: none)
     adapter: str | None = None  # a LoRA adapter directory (base ``model_name``) applied before the first generation
     vllm: VLLMConfig = field(default_factory=VLLMConfig)  # the vLLM engine's settings
+    modelled: ModelledEngineConfig = field(default_factory=ModelledEngineConfig)  # the modelled engine's settings
     fit_cache_to_memory: bool = False  # on a GPU: keep at most what half the memory free after loading holds
 
 
