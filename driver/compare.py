@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from agentgym_rl.configs.engines import SimulatedEngineError, refuse_simulated
 from agentgym_rl.configs.errors import AgentGymError
 from agentgym_rl.driver.evaluate import Z_95, EpisodeResult, mean_interval, wilson_interval
 
@@ -348,7 +349,8 @@ def load_report(path: Path) -> dict:
     """An ``agentgym-rl eval`` report from its JSON file.
 
     Raises:
-        CompareError: naming the file when it is missing, not JSON or not an eval report.
+        CompareError: naming the file when it is missing, not JSON, not an eval report, or a report of a simulated
+            engine (``modelled``, which no comparison may use).
     """
     try:
         report = json.loads(path.read_text())
@@ -361,4 +363,8 @@ def load_report(path: Path) -> dict:
         raise CompareError(
             f"{path}: not an eval report (no {', '.join(missing)}); give reports written by `agentgym-rl eval`"
         )
+    try:
+        refuse_simulated(str(report.get("engine", "")), "agentgym-rl compare")
+    except SimulatedEngineError as exc:
+        raise CompareError(f"{path}: {exc}") from None
     return report

@@ -27,6 +27,7 @@ from agentgym_rl.actors.rundir import CONFIG_FILE, POLICY_DIR, RunDir, latest_if
 from agentgym_rl.actors.sampler import EpisodeRequest
 from agentgym_rl.actors.trajectory import Trajectory
 from agentgym_rl.configs import Config, ConfigError, load_config
+from agentgym_rl.configs.engines import refuse_simulated
 from agentgym_rl.configs.errors import AgentGymError
 from agentgym_rl.configs.loader import apply_override, format_validation_error
 from agentgym_rl.driver.mix import check_action_format, check_oracle
@@ -224,6 +225,7 @@ def build_config(options: EvalOptions, policy: str, run_dir: RunDir | None) -> C
 
     Raises:
         EvalError: ``--config`` with a checkpoint of a run, which plays with its run's config.
+        SimulatedEngineError: the engine is a simulation (``modelled``), which no evaluation may use.
     """
     if run_dir is not None and options.config is not None:
         raise EvalError(
@@ -252,6 +254,7 @@ def build_config(options: EvalOptions, policy: str, run_dir: RunDir | None) -> C
         config = Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, "eval settings")) from None
+    refuse_simulated(config.sampler.engine, "agentgym-rl eval")
     check_action_format(config.env.name, config.env.action_format, "env")
     if config.sampler.policy == "oracle":
         check_oracle(config.env.name, config.env.options, "env")
@@ -352,6 +355,7 @@ def run_eval(options: EvalOptions) -> tuple[dict, Path]:
         "env": options.env,
         "split": options.split,
         "action_format": config.env.action_format,
+        "engine": config.sampler.engine,
         "samples": options.samples,
         "max_turns": max_turns,
         "temperature": options.temperature,

@@ -86,9 +86,15 @@ elif [[ $stage == gateway ]]; then  # trained through the endpoint by the experi
   latest=$(find "$run/checkpoints" -maxdepth 1 -name 'iter_*' | sort | tail -1)
   [[ -n $latest ]] || { echo "run_stage.sh: no checkpoint in $run; run the experiment's gateway run first" >&2; exit 1; }
 else
-  # the run's name, and the committed adapter the stage starts from (model.adapter), if any
-  mapfile -t facts < <("$python" -c "import sys; from agentgym_rl.configs import load_config
-c = load_config(sys.argv[1]); print(c.run.name); print(c.model.adapter or '')" "$config")
+  # the run's name, and the committed adapter the stage starts from (model.adapter), if any; a simulated engine
+  # (modelled) is refused before anything trains: no row of an experiment may come from it
+  facts_text=$("$python" -c "import sys; from agentgym_rl.configs import load_config
+from agentgym_rl.configs.engines import SimulatedEngineError, refuse_simulated
+c = load_config(sys.argv[1])
+try: refuse_simulated(c.sampler.engine, 'run_stage.sh (' + sys.argv[1] + ')')
+except SimulatedEngineError as exc: sys.exit(str(exc))
+print(c.run.name); print(c.model.adapter or '')" "$config") || exit 2
+  mapfile -t facts <<< "$facts_text"
   name=${facts[0]} start_adapter=${facts[1]:-}
   if [[ $start_adapter == docs/results/*/adapter && ! -f $start_adapter/adapter_model.safetensors ]]; then
     start_stage=${start_adapter#docs/results/}

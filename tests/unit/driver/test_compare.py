@@ -181,6 +181,15 @@ def test_load_report_names_the_file(tmp_path: Path):
         load_report(write(tmp_path / "other.json", {"env": "babyai"}))
 
 
+def test_a_report_of_the_modelled_engine_is_refused(tmp_path: Path):
+    a, _ = pairs(both=1, only_b=0, only_a=0, neither=1)
+    assert load_report(write(tmp_path / "real.json", {**a, "engine": "transformers"}))["engine"] == "transformers"
+    with pytest.raises(
+        CompareError, match="sim.json: agentgym-rl compare refuses engine 'modelled': it is a simulation"
+    ):
+        load_report(write(tmp_path / "sim.json", {**a, "engine": "modelled"}))
+
+
 def test_holm_adjustment_by_hand():
     # sorted: 0.005 x 4 = 0.02; 0.01 x 3 = 0.03; 0.03 x 2 = 0.06; 0.04 x 1 = 0.04, kept at 0.06 (monotone)
     assert holm_adjusted([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])

@@ -10,6 +10,7 @@ import pytest
 from agentgym_rl.actors.model_store import model_dir
 from agentgym_rl.actors.rundir import RunDir
 from agentgym_rl.configs import Config, ConfigError, dump_config, load_config
+from agentgym_rl.configs.engines import SimulatedEngineError
 from agentgym_rl.driver.evaluate import (
     EpisodeResult,
     EvalError,
@@ -204,6 +205,11 @@ def test_build_config_keeps_the_runs_env_options_and_applies_overrides(tmp_path:
     assert build_config(EvalOptions(env="textcraft"), str(policy), run_dir).env.options == {}
     with pytest.raises(ConfigError, match="sampler.sampling.max_tokens: unknown key"):
         build_config(EvalOptions(env="babyai", overrides=["sampler.sampling.max_tokens=3"]), str(policy), None)
+
+
+def test_eval_refuses_the_modelled_engine():
+    with pytest.raises(SimulatedEngineError, match="agentgym-rl eval refuses engine 'modelled': it is a simulation"):
+        build_config(EvalOptions(env="babyai", overrides=["sampler.engine=modelled"]), "tiny-random", None)
 
 
 def test_a_model_plays_with_the_budgets_of_a_given_config_and_a_run_refuses_one(tmp_path: Path):
