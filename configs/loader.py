@@ -1,8 +1,17 @@
-"""Load a YAML config, apply ``--set a.b=c`` overrides, validate, and explain what is wrong."""
+"""Load a YAML config, apply ``--set a.b=c`` overrides, validate, and explain what is wrong.
+
+Relative input paths (see ``resolve_input_paths``) are made absolute as they are read, so a config means the
+same wherever a command runs, and its dump in a run directory means the same from anywhere: a config file's
+against the project root when the file lies in the project tree (the presets, the committed stage configs, a run
+directory under the repository), else against the file's own directory; an override's against the working
+directory, where its user typed it. Output paths (``run.dir``, ``logging.wandb.dir``) stay relative to the
+working directory.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
@@ -18,6 +27,8 @@ log = structlog.get_logger()
 
 PRESET_DIR = Path(__file__).resolve().parent
 DEFAULT_PRESET = "quickstart.yaml"
+# The project tree: its presets and committed stage configs name the repository's files from here.
+PROJECT_ROOT = PRESET_DIR.parent
 
 
 class ConfigError(AgentGymError, ValueError):
@@ -53,8 +64,10 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 
 
 def apply_override(data: dict[str, Any], item: str) -> None:
-    """Set the value of one ``a.b=c`` override inside the nested dict ``data``."""
+    """Set the value of one ``a.b=c`` override inside the nested dict ``data``; an input path it gives (see
+    ``resolve_input_paths``) is made absolute against the working directory, where the user typed it."""
     path, value = parse_override(item)
+    value = typed_paths_resolved(path, value)
     node = data
     for i, part in enumerate(path[:-1]):
         child = node.setdefault(part, {})
@@ -62,6 +75,19 @@ def apply_override(data: dict[str, Any], item: str) -> None:
             raise ConfigError(f"override {item!r}: {'.'.join(path[: i + 1])} is a value, not a section")
         node = child
     node[path[-1]] = value
+
+
+def typed_paths_resolved(path: list[str], value: Any) -> Any:
+    """``value``, the override of key ``path``, with the input paths it gives made absolute against the working
+    directory; nested under its key first, so a whole section given at once (``model={adapter: ...}``) is seen
+    the way a file's is."""
+    nested = value
+    for part in reversed(path):
+        nested = {part: nested}
+    resolve_input_paths(nested, Path.cwd())
+    for part in path:
+        nested = nested[part]
+    return nested
 
 
 def port_argument(text: str) -> int:
@@ -115,6 +141,9 @@ def load_config(
             algorithm does not accept (one warning names them), so ``--set algorithm.name=sft`` works on a
             preset written for GRPO; keys set by ``overrides`` are always kept and validated.
 
+    Relative input paths come back absolute (see ``resolve_input_paths``): the file's against ``path_base``,
+    the overrides' against the working directory.
+
     Raises:
         ConfigError: the file is missing or malformed, or a key or value is invalid; the
             message names every offending key.
@@ -123,6 +152,7 @@ def load_config(
     data = read_yaml(file) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{file}: the top level must be a mapping of sections, got {type(data).__name__}")
+    resolve_input_paths(data, path_base(file))
     section = data.get("algorithm")
     from_file = dict(section) if isinstance(section, dict) else {}
     for item in overrides or []:
@@ -134,6 +164,38 @@ def load_config(
         return Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, str(file))) from None
+
+
+def path_base(file: Path) -> Path:
+    """The folder the relative input paths of config ``file`` resolve against: the project root when the file
+    lies in the project tree (symbolic links followed), else the file's own folder."""
+    real = file.resolve()
+    return PROJECT_ROOT if real.is_relative_to(PROJECT_ROOT) else real.parent
+
+
+def absolute(path: str, base: Path) -> str:
+    """``path`` with ``~`` expanded, joined to ``base`` when it is relative; an absolute one comes back as given."""
+    expanded = os.path.expanduser(path)
+    return expanded if os.path.isabs(expanded) else str(base / expanded)
+
+
+def resolve_input_paths(data: dict[str, Any], base: Path) -> None:
+    """Make the relative input paths of config ``data`` absolute against ``base``, in place: ``model.adapter``,
+    each ``data.files`` entry (a file, run directory or glob pattern), and ``model.name`` when it names a path
+    that exists under ``base`` (otherwise it is a built-in model's name, or a folder left to the working
+    directory; the built-in names live in actors, which configs do not import). Values that are not non-empty
+    strings are left for validation to report."""
+    model = data.get("model")
+    if isinstance(model, dict):
+        adapter = model.get("adapter")
+        if isinstance(adapter, str) and adapter:
+            model["adapter"] = absolute(adapter, base)
+        name = model.get("name")
+        if isinstance(name, str) and name and Path(absolute(name, base)).exists():
+            model["name"] = absolute(name, base)
+    section = data.get("data")
+    if isinstance(section, dict) and isinstance(section.get("files"), list):
+        section["files"] = [absolute(f, base) if isinstance(f, str) and f else f for f in section["files"]]
 
 
 def read_yaml(file: Path) -> Any:

@@ -1,11 +1,15 @@
 """The run's config checks: the env presets of configs/ (the paper's ScalingInter-RL schedule and settings) pass
 them, and an algorithm setting the mode cannot honour fails them."""
 
+from pathlib import Path
+
 import pytest
 
 from agentgym_rl.configs import Config, ConfigError, load_config
 from agentgym_rl.driver.run import algorithm_keys, check_adapter, check_algorithm
 from tests.unit.learner.test_learner import make_learner
+
+REPO = Path(__file__).resolve().parents[3]
 
 PUBLISHED = {  # REFERENCE.md: ScalingInter-RL rounds and advance interval per env
     "babyai": ([6, 13, 20], 100),
@@ -51,7 +55,7 @@ def test_rl_stages_differ_from_the_stepwise_one_only_where_their_headers_say(exp
     config = load_config(f"configs/{experiment}/{stage}.yaml", algorithm_keys=algorithm_keys)
     check_algorithm(config)
     stepwise = load_config(f"configs/{experiment}/grpo_stepwise.yaml", algorithm_keys=algorithm_keys)
-    assert config.model.adapter == f"docs/results/{experiment}/sft/adapter" and config.learner.lora.enabled
+    assert config.model.adapter == str(REPO / f"docs/results/{experiment}/sft/adapter") and config.learner.lora.enabled
     assert config.learner.lora == stepwise.learner.lora and config.trainer == stepwise.trainer
     assert config.sampler == stepwise.sampler and config.env == stepwise.env
     expected = {
