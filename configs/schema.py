@@ -12,6 +12,13 @@ from agentgym_rl.configs.strict import StrictNumbers
 # Driver loops that train on a weighted mix of envs (`envs`).
 MIX_MODES = ("sync", "async")
 
+# How configs/loader.py resolves the input paths (files and folders a run reads).
+RELATIVE_INPUT = (
+    "A relative path resolves, in a config file inside the repository (the presets, the committed stage configs, a "
+    "run directory under it), against the repository root; in any other config file, against that file's folder; "
+    "in `--set`, against the working directory. The loaded config holds it absolute (`~` expanded)."
+)
+
 
 class Section(StrictNumbers):
     """Base of every config section: unknown keys are errors, assignments are validated, numbers refuse booleans."""
@@ -23,7 +30,9 @@ class RunConfig(Section):
     name: str | None = Field(
         None, description="Run name; the run directory is `<dir>/<name>`. None: `<env>-<date>-<time>`."
     )
-    dir: str = Field("runs", description="Parent directory of run directories.")
+    dir: str = Field(
+        "runs", description="Parent directory of run directories; a relative one is taken from the working directory."
+    )
     seed: int = Field(0, description="The one seed behind task sampling, generation sampling and model init.")
 
 
@@ -31,13 +40,16 @@ class ModelConfig(Section):
     name: str = Field(
         "smollm2-135m-instruct",
         description="A built-in model (`smollm2-135m-instruct`, `tiny-random`) or a local Hugging Face "
-        "model directory.",
+        "model directory. A relative directory resolves as `adapter` does when it exists there (the loaded config "
+        "then holds it absolute); otherwise the name is kept as given: a built-in, or a directory taken from the "
+        "working directory.",
     )
     adapter: str | None = Field(
         None,
         description="A LoRA adapter directory trained on `name` (a LoRA run's `checkpoints/iter_N/policy`, or a "
         "committed stage's `adapter`) to start from: a LoRA run (`learner.lora.enabled`) goes on training it, a "
-        "full run starts from the base with it merged in. Its base model's weights hash is checked on load.",
+        "full run starts from the base with it merged in. Its base model's weights hash is checked on load. "
+        + RELATIVE_INPUT,
     )
     tool_format: str = Field(
         "hermes",
@@ -614,7 +626,8 @@ class DataConfig(Section):
     files: list[str] = Field(
         default_factory=list,
         description="Logged trajectories: `trajectories/*.jsonl` files, run directories (all their trajectory "
-        "files) or glob patterns. `offline` trains on them; `agentevol` adds them to every round's data.",
+        "files) or glob patterns. `offline` trains on them; `agentevol` adds them to every round's data. "
+        + RELATIVE_INPUT,
     )
 
 
@@ -657,7 +670,11 @@ class WandbConfig(Section):
         "offline",
         description="`offline` writes the run under `dir` and needs no network; sync later with `wandb sync`.",
     )
-    dir: str | None = Field(None, description="Where wandb writes its files; None: the run directory.")
+    dir: str | None = Field(
+        None,
+        description="Where wandb writes its files (a relative path is taken from the working directory); None: the "
+        "run directory.",
+    )
     episodes_per_iteration: int = Field(
         4, ge=0, description="Episodes per iteration added to the `episodes` table (0: no table)."
     )

@@ -115,6 +115,10 @@ def config_reference(schema: types.ModuleType, algorithms: dict[str, type]) -> s
         "A run is configured by one YAML file whose top-level keys are the sections below; "
         "`--set section.key=value` overrides any key from the command line (values are YAML). "
         "Unknown keys and contradictory settings are rejected before anything starts, naming the key. "
+        "A relative path a run reads (`model.adapter`, a `model.name` directory, `data.files`) resolves against the "
+        "repository root in a config file inside the repository, against the file's own folder in any other, and "
+        "against the working directory in `--set`; the paths a run writes (`run.dir`, `logging.wandb.dir`) are taken "
+        "from the working directory. "
         "This page is generated from `configs/schema.py` and the registered algorithms at every build of the site."
     )
     lines = ["# Configuration", "", intro, ""]
