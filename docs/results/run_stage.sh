@@ -74,6 +74,9 @@ if [[ $stage != base && $stage != gateway && ( $stage == experiment || ! -f $con
   echo "run_stage.sh: no stage $stage in configs/$experiment; stages: base, $stages" >&2
   exit 2
 fi
+# A run's config.yaml names its input paths absolutely; a committed copy names those inside the repository relative to
+# its root (as the loader reads a file inside the repository), so it means the same in any clone.
+keep_config() { sed "s#$PWD/##g" "$1" > "$2"; }
 commands=()
 mkdir -p "$out"
 started=$(date -u +%FT%TZ)
@@ -93,7 +96,7 @@ from agentgym_rl.configs.engines import SimulatedEngineError, refuse_simulated
 c = load_config(sys.argv[1])
 try: refuse_simulated(c.sampler.engine, 'run_stage.sh (' + sys.argv[1] + ')')
 except SimulatedEngineError as exc: sys.exit(str(exc))
-print(c.run.name); print(c.model.adapter or '')" "$config") || exit 2
+import os; print(c.run.name); print(os.path.relpath(c.model.adapter) if c.model.adapter else '')" "$config") || exit 2
   mapfile -t facts <<< "$facts_text"
   name=${facts[0]} start_adapter=${facts[1]:-}
   if [[ $start_adapter == docs/results/*/adapter && ! -f $start_adapter/adapter_model.safetensors ]]; then
@@ -135,7 +138,8 @@ print(c.run.name); print(c.model.adapter or '')" "$config") || exit 2
     rm -rf "$part/checkpoint"
     echo "${train_cmd[*]}" >> "$part/commands"
     echo "$train_s" >> "$part/train_seconds"
-    cp "$run/config.yaml" "$run/metrics.jsonl" "$part/"
+    keep_config "$run/config.yaml" "$part/config.yaml"
+    cp "$run/metrics.jsonl" "$part/"
     cp -r "$latest" "$part/checkpoint"
     basename "$latest" > "$part/checkpoint_name"
     find "$part/checkpoint" -type f | sort | xargs sha256sum > "$part/checkpoint.sha256"
@@ -165,7 +169,8 @@ EOF
   weights=$out/adapter/adapter_model.safetensors manifest=docs/results/adapters.sha256
   { grep -v "  $weights\$" "$manifest" || true; sha256sum "$weights"; } | sort -k2 > "$manifest.new"
   mv "$manifest.new" "$manifest"
-  cp "$run/config.yaml" "$run/metrics.jsonl" "$out/"
+  keep_config "$run/config.yaml" "$out/config.yaml"
+  cp "$run/metrics.jsonl" "$out/"
   eval_cmd=("$cli" eval --checkpoint "$out/adapter" "${eval_args[@]}" --output "$out/eval.json")
 fi
 commands+=("${eval_cmd[*]}")

@@ -5,6 +5,7 @@ directory, and the run stopped at "is not a LoRA adapter directory")."""
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.e2e.helpers import run_cli
@@ -24,6 +25,7 @@ CHEAPEST = [
 ]
 
 
+@pytest.mark.slow  # 30 s alone, about a minute beside CI's other workers: the CI tier has no minute to spare
 def test_the_default_config_trains_from_outside_the_repository(tmp_path: Path):
     overrides = [*CHEAPEST, f"run.dir={tmp_path / 'runs'}", "run.name=anywhere"]
     done = run_cli("train", *(arg for item in overrides for arg in ("--set", item)), cwd=tmp_path)
