@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for function names
@@ -34,6 +33,8 @@ class Function(BaseModel):
     def _object_schema(cls, parameters: dict[str, Any]) -> dict[str, Any]:
         if parameters.get("type") != "object":
             raise ValueError(f"a function's parameters must be a JSON Schema of type 'object', got {parameters!r}")
+        import jsonschema  # here, not at the top: an env actor that never builds a function never loads it (0.1 s)
+
         try:
             jsonschema.validators.validator_for(parameters).check_schema(parameters)
         except jsonschema.SchemaError as exc:
@@ -49,6 +50,8 @@ class Function(BaseModel):
 
     def argument_error(self, arguments: dict[str, Any]) -> str | None:
         """Why ``arguments`` do not fit this function's schema, in words; None when they do."""
+        import jsonschema
+
         error = jsonschema.exceptions.best_match(
             jsonschema.validators.validator_for(self.parameters)(self.parameters).iter_errors(arguments)
         )
