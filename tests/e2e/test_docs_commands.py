@@ -141,6 +141,8 @@ SKIP = {
         "tests/e2e/test_gpu_check.py runs this check (--device cpu --quick) in the CI tier"
     ),
     "python benchmarks/serve.py --quick": "a serving benchmark: about a minute by its --help, not under one",
+    "python benchmarks/scale.py --quick": "tests/e2e/test_scale_benchmark.py runs it (slow tier, in CI)",
+    "python benchmarks/scale.py --points 1x8x1 2x32x4 4x128x16 --iterations 3": "the scale sweep: many minutes",
     "python benchmarks/serve.py --quick --model smollm2-135m-instruct": "a serving benchmark: minutes",
 }
 
