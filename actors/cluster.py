@@ -368,11 +368,12 @@ def has_room(request: dict[str, float]) -> bool:
 
 
 def start_env_actor(env: EnvConfig, sampler: SamplerConfig) -> ray.actor.ActorHandle:
-    """Start an env actor for ``env``, spread over the cluster's nodes."""
+    """Start an env actor for ``env`` (holding ``sampler.envs_per_actor`` instances), spread over the cluster's
+    nodes."""
     actor_cls = ray.remote(EnvHost).options(
         num_cpus=sampler.env_num_cpus, max_restarts=ENV_MAX_RESTARTS, scheduling_strategy="SPREAD"
     )
-    return actor_cls.remote(env.name, env.options)
+    return actor_cls.remote(env.name, env.options, sampler.envs_per_actor)
 
 
 def on_this_node() -> dict[str, Any]:

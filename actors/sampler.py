@@ -62,6 +62,14 @@ def failure_reason(exc: BaseException) -> str:
 
 
 @dataclass(frozen=True)
+class EnvSlot:
+    """One env instance: slot ``slot`` of env actor ``actor`` (an actor holds ``sampler.envs_per_actor`` of them)."""
+
+    actor: ray.actor.ActorHandle
+    slot: int
+
+
+@dataclass(frozen=True)
 class EpisodeRequest:
     """One episode to play: the task, its group (task index in the iteration) and the seed of its
     sampling stream (the trainer derives it from the run seed, so reruns sample the same tokens)."""
@@ -133,7 +141,7 @@ class SamplerActor:
         self.ready: set[ray.actor.ActorHandle] = set()  # env actors known to have started
         self.instruction: str | None = None
         self.functions: list[Function] = []
-        self.free_envs: asyncio.Queue | None = None
+        self.free_envs: asyncio.Queue | None = None  # of EnvSlot (and None: "no env actor left")
         # Every turn is a request to the engine's serving form; nothing else bounds them but max_batch_size.
         self.turns = self.engine.serving(
             max_rows=sampler.max_batch_size,
@@ -159,7 +167,7 @@ class SamplerActor:
             self.rows = asyncio.Semaphore(self.config.max_batch_size)
             self.free_envs = asyncio.Queue()
             for handle in self.envs:
-                self.free_envs.put_nowait(handle)
+                self._free_slots(handle)
 
     async def load_weights(self, payload_ref: list[ray.ObjectRef]) -> int:
         """Load the weights behind ``payload_ref[0]`` (wrapped in a list so Ray passes the reference)."""
@@ -216,6 +224,7 @@ class SamplerActor:
             "index": self.index,
             "weights_version": self.engine.weights_version,
             "env_actors": len(self.envs),
+            "env_slots": len(self.envs) * self.config.envs_per_actor,
             **self.stats,
             **{f"engine_{name}": value for name, value in self.engine.stats.items()},
             **{f"batcher_{name}": value for name, value in self.turns.stats.items()},
@@ -302,7 +311,7 @@ class SamplerActor:
         while not self.free_envs.empty():
             waiting.append(self.free_envs.get_nowait())
         for other in waiting:
-            if other is not env:
+            if other is None or other.actor is not env:
                 self.free_envs.put_nowait(other)
         if not self.envs:
             self.free_envs.put_nowait(None)  # wakes the episodes waiting for an env: there is none left
@@ -318,7 +327,7 @@ class SamplerActor:
             if ok:
                 self.envs.append(env)
                 self.ready.add(env)
-                self.free_envs.put_nowait(env)
+                self._free_slots(env)
                 self.stats["env_added"] += 1
             else:
                 ray.kill(env, no_restart=True)
@@ -346,12 +355,19 @@ class SamplerActor:
             self.ready.add(fresh)
         return fresh
 
-    async def _take_env(self) -> ray.actor.ActorHandle | None:
-        """A free env actor, or None when this sampler has none left."""
+    def _free_slots(self, env: ray.actor.ActorHandle) -> None:
+        """Put every slot of env actor ``env`` in the free queue."""
+        for slot in range(self.config.envs_per_actor):
+            self.free_envs.put_nowait(EnvSlot(env, slot))
+
+    async def _take_env(self) -> EnvSlot | None:
+        """A free env slot, or None when this sampler has no env actor left."""
         while True:
             env = await self.free_envs.get()
-            if env is not None:
+            if env is not None and env.actor in self.envs:
                 return env
+            if env is not None:  # a slot of an actor replaced or dropped since (its other slots were in use)
+                continue
             if not self.envs:
                 self.free_envs.put_nowait(None)  # pass the news on to the next waiting episode
                 return None
@@ -370,9 +386,12 @@ class SamplerActor:
             except ENV_FAILURES as exc:
                 reasons.append(failure_reason(exc))
                 log.warning("env actor failed; replacing it", task_id=request.task_id, reason=reasons[-1])
-                env = await self._replace_env(env)
+                fresh = await self._replace_env(env.actor)
+                env = None
+                if fresh is not None:  # every slot of the new actor; the old one's are skipped when taken
+                    self._free_slots(fresh)
             finally:
-                if env is not None:
+                if env is not None and env.actor in self.envs:
                     self.free_envs.put_nowait(env)
         return Trajectory.failure(
             env=self.env_config.name,
@@ -382,21 +401,20 @@ class SamplerActor:
             reason="; ".join(reasons),
         )
 
-    async def _play_on(self, env: ray.actor.ActorHandle, request: EpisodeRequest, horizon: int) -> Trajectory:
+    async def _play_on(self, env: EnvSlot, request: EpisodeRequest, horizon: int) -> Trajectory:
         key = next(self.episode_keys)
         try:
             return await self._run_episode(env, request, horizon, key)
         finally:
             self.engine.release(key)
 
-    async def _run_episode(
-        self, env: ray.actor.ActorHandle, request: EpisodeRequest, horizon: int, key: int
-    ) -> Trajectory:
+    async def _run_episode(self, env: EnvSlot, request: EpisodeRequest, horizon: int, key: int) -> Trajectory:
+        actor, slot = env.actor, env.slot
         return await run_episode(
             env_name=self.env_config.name,
             instruction=self.instruction,
-            reset=lambda task_id: self._env_call(env.reset.remote(task_id)),
-            step=lambda text: self._env_call(env.step.remote(text)),
+            reset=lambda task_id: self._env_call(actor.reset.remote(task_id, slot)),
+            step=lambda text: self._env_call(actor.step.remote(text, slot)),
             generate=(
                 functools.partial(self._oracle_generate, env)
                 if self.config.policy == "oracle"
@@ -414,7 +432,7 @@ class SamplerActor:
                 else ToolActions(
                     chat=self.tool_chat,
                     functions=self.functions,
-                    step_call=lambda call: self._env_call(env.step_call.remote(call)),
+                    step_call=lambda call: self._env_call(actor.step_call.remote(call, slot)),
                 )
             ),
         )
@@ -435,13 +453,14 @@ class SamplerActor:
         self.stats["generated_tokens"] += len(generation.token_ids)
         return generation, version
 
-    async def _oracle_generate(self, env: ray.actor.ActorHandle, prompt: list[int]) -> tuple[Generation, int]:
+    async def _oracle_generate(self, env: EnvSlot, prompt: list[int]) -> tuple[Generation, int]:
         """The env oracle's reply as if sampled (in tool format, its call as the format writes it): its ids end with
         the end-of-turn token."""
         if self.tool_chat is None:
-            reply = await self._env_call(env.oracle_reply.remote())
+            reply = await self._env_call(env.actor.oracle_reply.remote(env.slot))
         else:
-            reply = self.tool_chat.format.call_text(None, [await self._env_call(env.oracle_call.remote())])
+            call = await self._env_call(env.actor.oracle_call.remote(env.slot))
+            reply = self.tool_chat.format.call_text(None, [call])
         ids = [*self.chat.encode(reply), self.eos_token_id]
         return Generation(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop"), self.engine.weights_version
 

@@ -1,8 +1,9 @@
 """The rollout side at scale, on a simulated cluster: a SIMULATION of the model's compute, everything else real.
 
-    python benchmarks/scale.py [--quick] [--points 1x8x1 2x32x4 4x128x16] [--iterations 3]
+    python benchmarks/scale.py [--quick] [--points 1x8x1 2x32x4 4x128x16] [--iterations 3] [--envs-per-actor K]
 
-Each point ``NODESxENV_ACTORSxSAMPLERS`` starts a ``ray.cluster_utils`` cluster of that many Ray nodes on this
+Each point ``NODESxENV_ACTORSxSAMPLERS`` (env actors counted as env instances: with ``--envs-per-actor K`` each
+env actor process holds K of them, ``sampler.envs_per_actor``) starts a ``ray.cluster_utils`` cluster of that many Ray nodes on this
 machine (every node is a real raylet; they share its cores and memory), then the run's own driver code: a
 ``SamplerGroup`` with its pools, one per env, started by the trainer's ``RolloutDispatch`` and plan, playing
 BabyAI episodes (real env actors) for a few iterations of GRPO groups. The one thing replaced is the model: the
@@ -11,7 +12,7 @@ engine with continuous batching would compute them (a 7B model on one H100 by it
 2 cores. No learner runs: the point is the rollout side's cost as it grows.
 
 Per point: episodes/s against the modelled engines' ideal for the same load (every engine always full: its
-generated tokens in steps of as many rows as it has env actors, plus its prefill, spread over the samplers),
+generated tokens in steps of as many rows as it has env instances, plus its prefill, spread over the samplers),
 the engines' busy share, driver CPU seconds per episode, trajectory bytes per episode (pickled, as they sit in
 the object store), start-up seconds per actor, each actor kind's proportional memory (``/proc/PID/smaps_rollup``,
 beside two reference actors: a bare one and one that imports only minigrid and gymnasium), the host's CPU use, and
@@ -74,8 +75,10 @@ class Point:
         return f"{self.nodes}x{self.env_actors}x{self.samplers}"
 
 
-def point_config(point: Point) -> Config:
-    per_sampler = point.env_actors // point.samplers
+def point_config(point: Point, envs_per_actor: int) -> Config:
+    per_sampler = point.env_actors // point.samplers  # env instances (episodes at once) per sampler
+    if per_sampler % envs_per_actor:
+        raise SystemExit(f"{point}: {per_sampler} env instances per sampler is not a multiple of --envs-per-actor")
     tasks = max(1, point.env_actors * EPISODES_PER_ENV_ACTOR // GROUP_SIZE)
     return load_config(
         None,
@@ -85,7 +88,8 @@ def point_config(point: Point) -> Config:
             "env.name=babyai",
             "sampler.engine=modelled",
             f"sampler.count={point.samplers}",
-            f"sampler.envs_per_sampler={per_sampler}",
+            f"sampler.envs_per_sampler={per_sampler // envs_per_actor}",
+            f"sampler.envs_per_actor={envs_per_actor}",
             f"sampler.max_batch_size={per_sampler}",
             "sampler.num_cpus=0.25",
             "sampler.num_threads=1",
@@ -103,7 +107,8 @@ def point_config(point: Point) -> Config:
 
 def start_cluster(point: Point, config: Config) -> Cluster:
     """``point.nodes`` Ray nodes, each with logical CPUs for its share of the actors (they are not real cores)."""
-    need = config.sampler.env_num_cpus * point.env_actors + config.sampler.num_cpus * point.samplers
+    processes = point.env_actors // config.sampler.envs_per_actor
+    need = config.sampler.env_num_cpus * processes + config.sampler.num_cpus * point.samplers
     cpus = math.ceil(need / point.nodes) + 2
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": cpus})
     for _ in range(point.nodes - 1):
@@ -199,15 +204,15 @@ def sampler_work(states: list[dict], before: dict[int, dict], config: Config) ->
         old = before.get(state["index"], {})
         generated = state["engine_generated_tokens"] - old.get("engine_generated_tokens", 0)
         prefill = state["engine_prefill_tokens"] - old.get("engine_prefill_tokens", 0)
-        rows = min(config.sampler.max_batch_size, state["env_actors"])
+        rows = min(config.sampler.max_batch_size, state["env_slots"])
         ideal += generated / rows * (modelled.decode_step_s + modelled.decode_row_s * rows)
         ideal += prefill * modelled.prefill_token_s
         busy += (state["engine_modelled_ms"] - old.get("engine_modelled_ms", 0)) / 1000
     return ideal / len(states), busy / len(states)
 
 
-def run_point(point: Point, iterations: int) -> dict:
-    config = point_config(point)
+def run_point(point: Point, iterations: int, envs_per_actor: int) -> dict:
+    config = point_config(point, envs_per_actor)
     model_dir(config.model.name)
     cluster = start_cluster(point, config)
     try:
@@ -257,6 +262,7 @@ def run_point(point: Point, iterations: int) -> dict:
         "point": str(point),
         "nodes": point.nodes,
         "env_actors": point.env_actors,
+        "envs_per_actor": envs_per_actor,
         "samplers": point.samplers,
         "episodes": episodes,
         "episodes_per_s": round(rate, 2),
@@ -316,6 +322,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--iterations", type=int, default=3, help="timed rollout iterations per point (after one that warms up)"
     )
+    parser.add_argument(
+        "--envs-per-actor",
+        type=int,
+        default=1,
+        help="env instances each env actor process holds (sampler.envs_per_actor); a point's env actors count instances",
+    )
     args = parser.parse_args(argv)
     points = args.points or ([Point(1, 8, 1)] if args.quick else [Point(1, 8, 1), Point(2, 32, 4), Point(4, 128, 16)])
     iterations = 1 if args.quick else args.iterations
@@ -327,7 +339,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     results = []
     for point in points:
-        results.append(run_point(point, iterations))
+        results.append(run_point(point, iterations, args.envs_per_actor))
         print(json.dumps(results[-1]), flush=True)
     print(table(results))
     last = results[-1]

@@ -40,7 +40,7 @@ Samplers (``sampler_items``): the transformers engine holds the weights in ``sam
 with LoRA on a CPU the adapted layers' base weights once more (each version is merged from them; on a GPU
 they wait in host memory), and keys/values of ``2 n_kv d`` elements per layer and token for the positions it
 keeps between turns (``sampler.episode_cache_tokens``; unset on a GPU, at most half of what the GPU has free
-after the model loads) and those of a decode batch (``min(sampler.max_batch_size, envs_per_sampler)`` rows
+after the model loads) and those of a decode batch (``min(sampler.max_batch_size, envs_per_sampler x envs_per_actor)`` rows
 of ``sampler.max_context_tokens``). vLLM takes its ``gpu_memory_utilization`` share of each of its GPUs for
 weights, cache and activations, and must find the weights room in it. Serve replicas are counted alike from
 ``serve``.
@@ -488,7 +488,9 @@ def sampler_items(
 ) -> tuple[list[Item], list[str]]:
     """A sampler's engine; ``resident``: the bytes on its GPU besides it when it loads."""
     sampler = config.sampler
-    rows = min(sampler.max_batch_size, sampler.max_envs_per_sampler or sampler.envs_per_sampler)
+    rows = min(
+        sampler.max_batch_size, (sampler.max_envs_per_sampler or sampler.envs_per_sampler) * sampler.envs_per_actor
+    )
     return engine_items(
         config,
         shape,

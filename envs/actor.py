@@ -44,17 +44,28 @@ class EnvRestarted(EnvError):
 
 
 class EnvHost:
-    """Holds one ``TextEnv``; every method is a thin pass-through so the env stays the single source of truth."""
+    """Holds ``instances`` instances of one ``TextEnv`` (one by default), each in its own slot; every method is a thin
+    pass-through to a slot's env, so the env stays the single source of truth.
 
-    def __init__(self, name: str, options: dict[str, Any] | None = None) -> None:
+    One process per env instance is the plain layout. Several instances in one process (``sampler.envs_per_actor``)
+    share Ray's per-process cost (about 60 MB, a second of start-up, and a wake-up every 10 ms) among them; their
+    calls then run one after another, so it suits envs whose steps are quick and do not wait on I/O.
+    """
+
+    def __init__(self, name: str, options: dict[str, Any] | None = None, instances: int = 1) -> None:
         hide_unreserved_gpus()
-        self.env = make(name, options)
-        # Ray runs __init__ again in a fresh process after a crash (max_restarts), so an actor that is
-        # stepped without a reset of its own has lost its episode: callers retry that on a fresh one.
-        self.has_episode = False
+        self.envs = [make(name, options) for _ in range(instances)]
+        # Ray runs __init__ again in a fresh process after a crash (max_restarts), so a slot that is stepped
+        # without a reset of its own has lost its episode: callers retry that on a fresh one.
+        self.has_episode = [False] * instances
 
-    def _check_episode(self) -> None:
-        if not self.has_episode:
+    @property
+    def env(self):
+        """The first slot's env: what every slot's env says alike (instruction, functions, tasks)."""
+        return self.envs[0]
+
+    def _check_episode(self, slot: int) -> None:
+        if not self.has_episode[slot]:
             raise EnvRestarted(
                 "this env actor holds no episode: it was restarted after its process died (or never reset)"
             )
@@ -71,58 +82,64 @@ class EnvHost:
     def tasks(self, split: str) -> Sequence[int]:
         return list(self.env.tasks(split))
 
-    def reset(self, task_id: int) -> Observation:
-        """The env's first observation, with the digest of its ``state_key`` after the reset."""
-        observation = self.env.reset(task_id)
-        self.has_episode = True
-        return observation.model_copy(update={"state_key": state_digest(self.env.state_key())})
+    def reset(self, task_id: int, slot: int = 0) -> Observation:
+        """Slot ``slot``'s env's first observation, with the digest of its ``state_key`` after the reset."""
+        env = self.envs[slot]
+        observation = env.reset(task_id)
+        self.has_episode[slot] = True
+        return observation.model_copy(update={"state_key": state_digest(env.state_key())})
 
-    def step(self, action_text: str) -> StepResult:
-        """The env's step result, with the digest of its ``state_key`` after the step (None once done)."""
-        self._check_episode()
-        result = self.env.step(action_text)
+    def step(self, action_text: str, slot: int = 0) -> StepResult:
+        """Slot ``slot``'s env's step result, with the digest of its ``state_key`` after the step (None once done)."""
+        self._check_episode(slot)
+        env = self.envs[slot]
+        result = env.step(action_text)
         if result.done:  # no turn acts from the final state
             return result
-        return result.model_copy(update={"state_key": state_digest(self.env.state_key())})
+        return result.model_copy(update={"state_key": state_digest(env.state_key())})
 
-    def step_call(self, call: ToolCall) -> tuple[str, StepResult] | InvalidAction:
-        """Step on the action ``call`` stands for (``env.action_of_call``): the action text sent and the step
-        result; or why the call stands for no action, the env not stepped."""
-        self._check_episode()
-        action = self.env.action_of_call(call)
+    def step_call(self, call: ToolCall, slot: int = 0) -> tuple[str, StepResult] | InvalidAction:
+        """Step slot ``slot`` on the action ``call`` stands for (``env.action_of_call``): the action text sent and the
+        step result; or why the call stands for no action, the env not stepped."""
+        self._check_episode(slot)
+        action = self.envs[slot].action_of_call(call)
         if isinstance(action, InvalidAction):
             return action
-        return action, self.step(action)
+        return action, self.step(action, slot)
 
-    def oracle_reply(self) -> str:
-        """The oracle's next move as model text: ``Action: <action>`` when the env parses that back to
-        the action, else the oracle's text as is (envs whose actions are tags, like ``<answer>``)."""
-        action = self._oracle_action()
+    def oracle_reply(self, slot: int = 0) -> str:
+        """The oracle's next move in slot ``slot`` as model text: ``Action: <action>`` when the env parses that back
+        to the action, else the oracle's text as is (envs whose actions are tags, like ``<answer>``)."""
+        action = self._oracle_action(slot)
         reply = f"Action: {action}"
-        return reply if self.env.parse_action(reply) == action else action
+        return reply if self.envs[slot].parse_action(reply) == action else action
 
-    def oracle_call(self) -> ToolCall:
-        """The oracle's next move as a function call (``env.call_of_action``), for tool-format demonstrations."""
-        action = self._oracle_action()
-        call = self.env.call_of_action(action)
+    def oracle_call(self, slot: int = 0) -> ToolCall:
+        """The oracle's next move in slot ``slot`` as a function call (``env.call_of_action``), for tool-format
+        demonstrations."""
+        action = self._oracle_action(slot)
+        env = self.envs[slot]
+        call = env.call_of_action(action)
         if call is None:
             raise EnvError(
-                f"env {self.env.name!r}: no function expresses the oracle's action {action!r} (call_of_action gives "
+                f"env {env.name!r}: no function expresses the oracle's action {action!r} (call_of_action gives "
                 "None); play the oracle with env.action_format=text"
             )
         return call
 
-    def _oracle_action(self) -> str:
-        self._check_episode()
-        if not self.env.has_oracle():
-            raise EnvError(f"env {self.env.name!r} has no oracle; sampler.policy=oracle needs one")
-        return self.env.oracle_action()
+    def _oracle_action(self, slot: int) -> str:
+        self._check_episode(slot)
+        env = self.envs[slot]
+        if not env.has_oracle():
+            raise EnvError(f"env {env.name!r} has no oracle; sampler.policy=oracle needs one")
+        return env.oracle_action()
 
     def health(self) -> bool:
         return True
 
     def close(self) -> None:
-        self.env.close()
+        for env in self.envs:
+            env.close()
 
 
 def create_env_actor(
