@@ -85,7 +85,8 @@ class ToolFormat(abc.ABC):
     def plain_messages(self, messages: Sequence[Message], functions: Sequence[Function]) -> list[dict[str, str]]:
         """``messages`` as system/user/assistant messages of text, the way the built-in template shows them: the
         functions after the system prompt (in a system message of their own when there is none), each assistant
-        call as :meth:`call_text`, and each run of ``tool`` messages as one user turn (:meth:`results_text`).
+        call as :meth:`call_text`, and each run of ``tool`` messages as one user turn (:meth:`results_text`), with
+        the text of a user message that follows it on a line of its own after the results.
 
         Raises:
             ToolFormatError: a ``tool`` message that does not follow an assistant message's calls.
@@ -103,8 +104,11 @@ class ToolFormat(abc.ABC):
                 pending.append(message["content"])
                 continue
             if pending:
-                plain.append({"role": "user", "content": self.results_text(pending)})
-                pending = []
+                results, pending = self.results_text(pending), []
+                if role == "user":  # a user message right after the results joins their turn
+                    plain.append({"role": "user", "content": f"{results}\n{message['content']}"})
+                    continue
+                plain.append({"role": "user", "content": results})
             if role == "system":
                 plain.append({"role": "system", "content": message["content"] + (tools if index == 0 else "")})
             elif role == "assistant" and message.get("tool_calls"):
@@ -282,10 +286,10 @@ class ToolChat:
 
     def continuation_ids(self, sampled_ids: list[int], new: Sequence[Message]) -> list[int]:
         """Ids that close the sampled reply and open the next turn with ``new``: one user message, or the tool
-        messages that answer the reply's calls (in order).
+        messages that answer the reply's calls (in order), then at most one user message (in the same turn).
 
         Raises:
-            ToolFormatError: ``new`` is neither.
+            ToolFormatError: ``new`` is none of these.
         """
         return self.chat.continuation_ids(sampled_ids, self.turn_text(new))
 
@@ -294,9 +298,14 @@ class ToolChat:
         roles = [m["role"] for m in new]
         if roles == ["user"]:
             return new[0]["content"]
-        if roles and all(role == "tool" for role in roles):
-            return self.format.results_text([m["content"] for m in new])
-        raise ToolFormatError(f"a turn adds one user message or the tool results of a reply's calls, not {roles}")
+        results = len(roles) - (roles[-1:] == ["user"])  # the tool messages before a last user message
+        if results and all(role == "tool" for role in roles[:results]):
+            text = self.format.results_text([m["content"] for m in new[:results]])
+            return f"{text}\n{new[-1]['content']}" if results < len(roles) else text
+        raise ToolFormatError(
+            f"a turn adds one user message, or the tool results of a reply's calls (then at most one user message), "
+            f"not {roles}"
+        )
 
     def _model_template_problem(self) -> str | None:
         """Why the model's own template cannot render an episode's openings with tools; None when it can."""

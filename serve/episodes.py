@@ -10,7 +10,7 @@ The book below builds each call's prompt ids itself, with a :class:`~agentgym_rl
   episode's opening; those tools are the episode's functions.
 - Every later call must repeat the conversation so far and add either one user message or the ``tool``
   messages answering the last reply's calls (one per call, each naming a call's id as the endpoint returned
-  it). The recorded ids stand for that history, and only the new turn is rendered, as the turn's
+  it), which one user message may follow (an Anthropic user turn of ``tool_result`` blocks and text). The recorded ids stand for that history, and only the new turn is rendered, as the turn's
   continuation (``ToolChat.continuation_ids``: a user message, or the format's turn of call results in the
   calls' order), so the ids trained on are the ids sampled. The history is never rendered again.
 - The conversation so far is compared message by message with what the book recorded. A reply is recorded
@@ -264,12 +264,13 @@ class EpisodeBook:
         known = episode.messages
         new = messages[len(known) :]
         roles = [m["role"] for m in new]
-        if roles != ["user"] and not (roles and all(role == "tool" for role in roles)):
+        results = len(roles) - (roles[-1:] == ["user"])  # the tool messages before a last user message
+        if roles != ["user"] and not (results and all(role == "tool" for role in roles[:results])):
             return self._refuse(
                 409,
                 f"each call of an episode repeats the conversation so far ({len(known)} messages) and adds one user "
-                f"message or the tool messages answering the last reply's calls; this one has {len(messages)} "
-                f"messages, ending with {roles}",
+                f"message, or the tool messages answering the last reply's calls (then at most one user message); "
+                f"this one has {len(messages)} messages, ending with {roles}",
                 "invalid_episode_call",
                 "messages",
             )
@@ -279,10 +280,10 @@ class EpisodeBook:
             self.counters["mismatched"] += 1
             return self._client_rendering(messages, functions, prefix_ids)
         if roles[0] == "tool":
-            answered = self._answered_calls(known[-1].get("tool_calls") or [], new)
+            answered = self._answered_calls(known[-1].get("tool_calls") or [], new[:results])
             if isinstance(answered, Refusal):
                 return answered
-            new = answered
+            new = answered + new[results:]
         last_start, last_end = episode.turn_spans[-1]
         continuation = self.chat.continuation_ids(episode.token_ids[last_start:last_end], new) + list(prefix_ids)
         if refusal := self._over_budget(episode, len(episode.token_ids) + len(continuation), max_new_tokens):

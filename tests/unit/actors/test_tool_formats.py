@@ -98,7 +98,9 @@ CONVERSATION = [
 
 def test_the_builtin_rendering_of_tool_messages():
     plain = HERMES.plain_messages(CONVERSATION, [MOVE, LOOK])
-    assert [m["role"] for m in plain] == ["system", "user", "assistant", "user", "assistant", "user", "user"]
+    # the results of the second call and the user message after them are one user turn
+    assert [m["role"] for m in plain] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert plain[5]["content"] == "<tool_response>\nMoved.\n</tool_response>\nFaster."
     assert plain[0]["content"].startswith("Play.\n\n# Tools") and '"name": "move"' in plain[0]["content"]
     assert plain[2]["content"] == '<tool_call>\n{"name": "look", "arguments": {}}\n</tool_call>'
     assert plain[3]["content"] == "<tool_response>\nA wall.\n</tool_response>"
@@ -123,6 +125,11 @@ def test_tool_turns_appended_as_ids_equal_the_rendered_conversation(chat):
     second = chat.encode(HERMES.call_text("Turning.", CONVERSATION[4]["tool_calls"])) + eos
     ids += second + tools.continuation_ids(second, CONVERSATION[5:6])
     assert ids == tools.prompt_ids(CONVERSATION[:6], [MOVE, LOOK])
+    # results and a user message in one call: one turn, as the whole conversation renders it
+    with_text = ids[: -len(tools.continuation_ids(second, CONVERSATION[5:6]))] + tools.continuation_ids(
+        second, CONVERSATION[5:7]
+    )
+    assert with_text == tools.prompt_ids(CONVERSATION, [MOVE, LOOK])
     with pytest.raises(ToolFormatError, match=r"not \['user', 'user'\]"):
         tools.continuation_ids(second, [CONVERSATION[6], CONVERSATION[6]])
 

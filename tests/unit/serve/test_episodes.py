@@ -291,6 +291,22 @@ def test_results_in_another_order_are_appended_in_the_calls_order(tool_book, cha
     assert prepared.prompt_ids == tools.prompt_ids([*history, *answers], FUNCTIONS)
 
 
+def test_results_with_a_user_message_in_one_call_append_one_turn_as_the_whole_conversation_renders(
+    tool_book, chat, tools
+):
+    # an Anthropic user turn of tool_result blocks and text
+    token, history, last = tool_episode(tool_book, chat)
+    history += [*results(last, "You picked up the ball."), {"role": "user", "content": "Now find the door."}]
+    prepared = tool_book.prepare(token, history, max_new_tokens=16, call="third", functions=FUNCTIONS)
+    assert isinstance(prepared, Prepared) and prepared.recorded
+    assert prepared.prompt_ids == tools.prompt_ids(history, FUNCTIONS)
+    assert chat.decode_reply(prepared.prompt_ids).endswith("</tool_response>\nNow find the door.\nassistant\n")
+    two_users = [*history, {"role": "user", "content": "And again."}]
+    tool_book.abandon(token, call="third")
+    refusal = tool_book.prepare(token, two_users, 16, call="fourth", functions=FUNCTIONS)
+    assert isinstance(refusal, Refusal) and refusal.status == 409 and "at most one user message" in refusal.message
+
+
 def test_a_client_that_re_serialized_the_arguments_echoes_the_same_call(tool_book, chat):
     token, history, last = tool_episode(tool_book, chat)
     # what arrives after a client dumped the arguments with its own key order and spacing, and sent "" content
