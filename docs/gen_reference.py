@@ -297,7 +297,8 @@ def schema_table(name: str, schema: dict[str, Any], level: str, prefix: str) -> 
 def policy_openapi() -> dict[str, Any]:
     """The policy endpoint's schema, from the app one serve replica runs (tiny-random's tokenizer)."""
     from agentgym_rl.configs.schema import ServeConfig
-    from agentgym_rl.serve.routes import PolicyAPI, build_api
+    from agentgym_rl.serve.policy_api import PolicyAPI
+    from agentgym_rl.serve.routes import build_api
 
     async def never() -> bool:
         return False

@@ -31,7 +31,8 @@ from agentgym_rl.serve.deployment import (
     episodes_name,
     store_name,
 )
-from agentgym_rl.serve.routes import PolicyAPI, build_api
+from agentgym_rl.serve.policy_api import PolicyAPI
+from agentgym_rl.serve.routes import build_api
 
 API_KEY_ENV = "AGENTGYM_RL_API_KEY"
 APP_NAME = "agentgym-rl"

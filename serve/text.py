@@ -49,6 +49,12 @@ class ReplyText:
         """The whole reply text so far, cut before a stop string."""
         return self._cut(self.decode(self.ids))
 
+    def stop_hit(self) -> str | None:
+        """The stop string the reply ended on (the first one in its text), or None."""
+        text = self.decode(self.ids)
+        hits = [(at, stop) for stop in self.stops if (at := text.find(stop)) >= 0]
+        return min(hits)[1] if hits else None
+
     def _cut(self, text: str) -> str:
         hits = [at for at in (text.find(stop) for stop in self.stops) if at >= 0]
         return text[: min(hits)] if hits else text

@@ -8,6 +8,7 @@ whichever route it takes.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -19,9 +20,16 @@ ARGUMENT_PIECE_CHARS = 32  # a streamed call's arguments go out in pieces of at 
 
 
 def new_call_id(index: int) -> str:
-    """``call_<24 hex>``: a fresh id for the ``index``-th call of a reply (unique across replies)."""
+    """``call_<24 hex>``: a fresh id for the ``index``-th call of a reply (unique across replies), as OpenAI's APIs
+    name calls."""
     del index  # the ids are random; the index only orders them
     return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def new_tool_use_id(index: int) -> str:
+    """``toolu_<24 hex>``: a fresh id for the ``index``-th call of a reply, as Anthropic's Messages API names them."""
+    del index
+    return f"toolu_{uuid.uuid4().hex[:24]}"
 
 
 @dataclass(frozen=True)
@@ -34,12 +42,14 @@ class ToolUse:
         prefix: text put at the start of the reply, which the model continues (``required``: the format's call
             opening; a named function: the opening and the function's name); it is part of the text read.
         parallel: return every call of a reply (False: its first only).
+        call_ids: names the i-th call of a reply (the API's own id form).
     """
 
     functions: list[Function] = field(default_factory=list)
     parse: bool = False
     prefix: str = ""
     parallel: bool = True
+    call_ids: Callable[[int], str] = new_call_id
 
 
 NO_TOOLS = ToolUse()  # a request without tools: replies are text
@@ -51,7 +61,7 @@ class ToolReply:
 
     Attributes:
         content: the text (with calls: the text outside them, None when there is none).
-        calls: the calls made (ids ``call_<hex>``).
+        calls: the calls made (ids ``call_<hex>``, or the request's own form: ``ToolUse.call_ids``).
         finish_reason: ``tool_calls`` when there are calls, else the generation's own.
         error: why a reply that opened a call is returned as text (None otherwise).
     """
@@ -63,11 +73,16 @@ class ToolReply:
 
 
 def tool_reply(
-    fmt: ToolFormat, text: str, finish_reason: Literal["stop", "length"], *, parallel: bool = True
+    fmt: ToolFormat,
+    text: str,
+    finish_reason: Literal["stop", "length"],
+    *,
+    parallel: bool = True,
+    call_ids: Callable[[int], str] = new_call_id,
 ) -> ToolReply:
-    """Read the reply ``text`` (a forced prefix included) with ``fmt``: its calls, or the text as it is when it
-    makes none or opened a call that does not parse (then ``error`` says why)."""
-    parsed = fmt.parse(text, call_id=new_call_id)
+    """Read the reply ``text`` (a forced prefix included) with ``fmt``: its calls (named by ``call_ids``), or the
+    text as it is when it makes none or opened a call that does not parse (then ``error`` says why)."""
+    parsed = fmt.parse(text, call_id=call_ids)
     if parsed.error is not None or not parsed.calls:
         return ToolReply(text, [], finish_reason, parsed.error)
     return ToolReply(parsed.content, parsed.calls if parallel else parsed.calls[:1], "tool_calls")
@@ -83,12 +98,13 @@ class ToolReplyText:
         reply: the choice's text as its tokens arrive (stop strings cut).
         fmt: the tool format the reply is read with.
         use: the request's tools (its forced prefix starts the text).
+        shown: characters of that prefix the client already has (an assistant prefill it sent), never sent again.
     """
 
-    def __init__(self, reply: ReplyText, fmt: ToolFormat, use: ToolUse) -> None:
+    def __init__(self, reply: ReplyText, fmt: ToolFormat, use: ToolUse, shown: int = 0) -> None:
         self.reply, self.format, self.use = reply, fmt, use
         self.known = use.prefix  # the reply's text so far, as far as stop strings allow
-        self.sent = 0  # characters of it sent as content
+        self.sent = shown  # characters of it sent as content (or held by the client already)
 
     def push(self, token_ids: tuple[int, ...] | list[int]) -> str:
         """Add sampled ids; returns the new content that is now safe to send (maybe empty)."""
@@ -99,7 +115,9 @@ class ToolReplyText:
     def finish(self, finish_reason: Literal["stop", "length"]) -> tuple[str, ToolReply]:
         """Once the choice ended: the content not sent yet, and the reply read whole."""
         self.known += self.reply.finish()
-        result = tool_reply(self.format, self.known, finish_reason, parallel=self.use.parallel)
+        result = tool_reply(
+            self.format, self.known, finish_reason, parallel=self.use.parallel, call_ids=self.use.call_ids
+        )
         if not result.calls:
             return self._emit(len(self.known)), result
         # The content before the first call went out as it came; the text the parse finds outside the calls after

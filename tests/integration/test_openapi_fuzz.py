@@ -17,7 +17,10 @@ cannot relate: a `tool` message answers a call of the assistant message before i
 holds a JSON object, a function's `parameters` is a valid JSON Schema, the `tools` have distinct names (JSON
 Schema's `uniqueItems` compares whole items), a named `tool_choice` names one of the `tools`. A `before_call` hook (:func:`answerable`) makes each schema-valid body it sends keep them, decided by the
 server's own body models; bodies generated to break the schema go as generated. Each rule's 400 is tested with
-the openai client in tests/integration/test_serve_tools.py.
+the openai client in tests/integration/test_serve_tools.py. The Anthropic Messages route has rules of the same kind
+(a `tool_result` answers a `tool_use` of the turn before, a last assistant turn makes no call, valid and distinct
+tools, a named `tool_choice` among them), kept the same way (:func:`messages_answerable`) and tested with the
+anthropic client in tests/integration/test_serve_messages.py.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from agentgym_rl.actors.model_store import TINY_RANDOM
 from agentgym_rl.actors.weight_sync import free_port
 from agentgym_rl.configs.schema import EpisodesConfig, ServeConfig
 from agentgym_rl.envs.http import build_app
+from agentgym_rl.serve.anthropic_bodies import CustomTool
 from agentgym_rl.serve.app import ServeArgs, start_server, stop_server
 from agentgym_rl.serve.bodies import FunctionCallBody, FunctionSpec
 
@@ -166,7 +170,7 @@ def endpoint(ray_local):
         api_key=KEY,
         max_tokens=8,
         max_prompt_tokens=8192,
-        max_body_bytes=8192,
+        max_body_bytes=65536,  # the Messages API's tool inputs are any JSON: generated bodies run to tens of KB
         max_n=2,
         episodes=EpisodesConfig(),
     )
@@ -265,9 +269,16 @@ def answerable(context, case, **kwargs) -> None:
     are no valid object schema become ``{"type": "object"}``; a function named as one before it gets a numbered
     name; a named ``tool_choice`` names the first tool."""
     body = case.body
-    if case.operation.path != "/v1/chat/completions" or not isinstance(body, dict) or case.meta is None:
+    if case.operation.path not in ("/v1/chat/completions", "/v1/messages") or not isinstance(body, dict):
         return
-    if case.meta.is_negative_at(ParameterLocation.BODY) or not isinstance(body.get("messages"), list):
+    if (
+        case.meta is None
+        or case.meta.is_negative_at(ParameterLocation.BODY)
+        or not isinstance(body.get("messages"), list)
+    ):
+        return
+    if case.operation.path == "/v1/messages":
+        messages_answerable(body)
         return
     calls: list[str] = []
     for index, message in enumerate(body["messages"]):
@@ -286,20 +297,58 @@ def answerable(context, case, **kwargs) -> None:
         elif message.get("role") != "tool":
             calls = []
     tools = [tool["function"] for tool in body.get("tools") or () if isinstance(tool, dict) and "function" in tool]
-    taken = {function.get("name") for function in tools if isinstance(function, dict)}
-    seen: set[str] = set()
-    for function in tools:
-        if not isinstance(function, dict):
-            continue
-        if not _valid(FunctionSpec, function):
-            function["parameters"] = {"type": "object"}
-        if function.get("name") in seen:
-            function["name"] = next(f"f{n}" for n in range(len(taken) + 1) if f"f{n}" not in taken)
-            taken.add(function["name"])
-        seen.add(function.get("name"))
+    valid_and_distinct([f for f in tools if isinstance(f, dict)], FunctionSpec, "parameters")
     choice = body.get("tool_choice")
     if isinstance(choice, dict) and tools and choice.get("function", {}).get("name") not in [f["name"] for f in tools]:
         choice["function"] = {"name": tools[0]["name"]}
+
+
+def valid_and_distinct(specs: list[dict], model: type[pydantic.BaseModel], schema_field: str) -> None:
+    """Each function or tool spec valid by ``model`` (else its ``schema_field`` becomes ``{"type": "object"}``) and
+    named apart from those before it (else a numbered name)."""
+    taken = {spec.get("name") for spec in specs}
+    seen: set[str] = set()
+    for spec in specs:
+        if not _valid(model, spec):
+            spec[schema_field] = {"type": "object"}
+        if spec.get("name") in seen:
+            spec["name"] = next(f"f{n}" for n in range(len(taken) + 1) if f"f{n}" not in taken)
+            taken.add(spec["name"])
+        seen.add(spec.get("name"))
+
+
+def messages_answerable(body: dict) -> None:
+    """The Messages API's rules JSON Schema cannot state, kept as :func:`answerable` keeps the chat route's: a
+    ``tool_result`` answering no ``tool_use`` of the assistant turn before it answers that turn's first call, or
+    becomes a text block when there is none; a last assistant turn keeps only its text (its calls would need
+    results); an input schema that is no valid object schema becomes ``{"type": "object"}``; a tool named as one
+    before it gets a numbered name; a named ``tool_choice`` names the first tool."""
+    calls: list[str] = []
+    turns = body["messages"]
+    for turn in turns:
+        content = turn.get("content") if isinstance(turn, dict) else None
+        if not isinstance(content, list):
+            calls = []
+            continue
+        if turn.get("role") == "assistant":
+            calls = [b.get("id") for b in content if isinstance(b, dict) and b.get("type") == "tool_use"]
+            continue
+        for index, block in enumerate(content):
+            if isinstance(block, dict) and block.get("type") == "tool_result" and block.get("tool_use_id") not in calls:
+                if calls:
+                    block["tool_use_id"] = calls[0]
+                else:
+                    content[index] = {"type": "text", "text": ""}
+        calls = []
+    last = turns[-1] if turns else None
+    if isinstance(last, dict) and last.get("role") == "assistant" and isinstance(last.get("content"), list):
+        last["content"] = [b for b in last["content"] if not (isinstance(b, dict) and b.get("type") == "tool_use")]
+    tools = [tool for tool in body.get("tools") or () if isinstance(tool, dict)]
+    valid_and_distinct(tools, CustomTool, "input_schema")
+    choice = body.get("tool_choice")
+    named = isinstance(choice, dict) and choice.get("type") == "tool"
+    if named and tools and choice.get("name") not in [tool.get("name") for tool in tools]:
+        choice["name"] = tools[0]["name"]
 
 
 @pytest.fixture()

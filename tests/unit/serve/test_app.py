@@ -13,7 +13,8 @@ from pydantic import ValidationError
 from agentgym_rl.configs import Config
 from agentgym_rl.configs.schema import ServeConfig
 from agentgym_rl.serve.app import ServeArgs, ServeError, build_app
-from agentgym_rl.serve.routes import PolicyAPI, build_api
+from agentgym_rl.serve.policy_api import PolicyAPI
+from agentgym_rl.serve.routes import build_api
 
 
 def test_serving_uses_the_training_samplers_engine_unless_serve_engine_is_set():

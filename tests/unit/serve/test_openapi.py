@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from agentgym_rl.configs.schema import ServeConfig
-from agentgym_rl.serve.routes import PolicyAPI, build_api
+from agentgym_rl.serve.policy_api import PolicyAPI
+from agentgym_rl.serve.routes import build_api
 
 
 async def _never() -> bool:

@@ -9,7 +9,8 @@ import pytest
 
 from agentgym_rl.configs.schema import ServeConfig
 from agentgym_rl.serve.bodies import ChatCompletionRequest, EpisodeReward
-from agentgym_rl.serve.routes import PolicyAPI, build_api
+from agentgym_rl.serve.policy_api import PolicyAPI
+from agentgym_rl.serve.routes import build_api
 
 LIMITS = ServeConfig(max_tokens=64, max_n=2)
 MESSAGES = [{"role": "user", "content": "hi"}]

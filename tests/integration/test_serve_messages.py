@@ -1,0 +1,255 @@
+"""The Anthropic Messages API on the policy endpoint, over real HTTP on 127.0.0.1 with the official anthropic client.
+
+The replica serves tiny-random's tokenizer with the scripted engine (tests/integration/scripted_serving.py): it
+writes the text a user turn (or a tool result) quotes, continuing from the endpoint's forced call prefix or the
+client's prefill where there is one, so each reply is a chosen call, text, or text cut by a stop sequence.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import anthropic
+import httpx
+import pytest
+import ray
+
+from agentgym_rl.actors.chat import ChatFormat
+from agentgym_rl.actors.engines import EngineSpec
+from agentgym_rl.actors.model_store import TINY_RANDOM, load_tokenizer
+from agentgym_rl.actors.tool_formats import ToolChat, tool_format
+from agentgym_rl.actors.weight_sync import free_port
+from agentgym_rl.configs.schema import EpisodesConfig, ServeConfig
+from agentgym_rl.envs.tools import Function
+from agentgym_rl.serve.app import APP_NAME, ServeArgs, start_server, stop_server
+from agentgym_rl.serve.deployment import STORE_NAMESPACE, episodes_name
+from tests.integration.scripted_serving import ScriptedServing, script
+
+KEY = "messages-key"
+ENGINE = "tests.integration.scripted_serving:ScriptedServingEngine"
+MAX_TOKENS = 64
+MOVE = {
+    "name": "move",
+    "description": "Move in a direction.",
+    "input_schema": {
+        "type": "object",
+        "properties": {"direction": {"type": "string", "enum": ["left", "right"]}, "steps": {"type": "integer"}},
+        "required": ["direction"],
+    },
+}
+LOOK = {"name": "look", "description": "Look around.", "input_schema": {"type": "object", "properties": {}}}
+TOOLS = [MOVE, LOOK]
+MOVE_LEFT = '<tool_call>\n{"name": "move", "arguments": {"direction": "left", "steps": 2}}\n</tool_call>'
+LOOK_CALL = '<tool_call>\n{"name": "look", "arguments": {}}\n</tool_call>'
+SYSTEM = "You move a robot."
+NOTE = "Keep going."
+post = functools.partial(httpx.post, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def server(ray_local):
+    port = free_port()
+    limits = ServeConfig(
+        port=port,
+        api_key=KEY,
+        engine=ENGINE,
+        max_tokens=MAX_TOKENS,
+        max_prompt_tokens=1024,
+        episodes=EpisodesConfig(reward_range=(0.0, 1.0)),
+    )
+    start_server(ServeArgs(model=TINY_RANDOM, model_id="policy", serve=limits))
+    yield f"http://127.0.0.1:{port}"
+    stop_server()
+
+
+@pytest.fixture(scope="module")
+def client(server) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=server, api_key=KEY, max_retries=0)
+
+
+def ask(text: str) -> list[dict]:
+    return [{"role": "user", "content": script(text)}]
+
+
+def blocks(message) -> list[tuple]:
+    """A message's content, ids aside: ("text", text) and ("tool_use", name, input)."""
+    return [(b.type, b.text) if b.type == "text" else (b.type, b.name, b.input) for b in message.content]
+
+
+def test_a_reply_that_calls_a_tool_is_a_tool_use_block_and_the_sdks_stream_helper_reassembles_it(client):
+    request = {"model": "policy", "max_tokens": MAX_TOKENS, "system": SYSTEM, "tools": TOOLS}
+    message = client.messages.create(**request, messages=ask(f"Moving now.\n{MOVE_LEFT}"))
+    assert message.stop_reason == "tool_use" and message.stop_sequence is None
+    assert blocks(message) == [("text", "Moving now."), ("tool_use", "move", {"direction": "left", "steps": 2})]
+    call = message.content[1]
+    assert call.id.startswith("toolu_") and len(call.id) == len("toolu_") + 24
+    assert message.usage.input_tokens > 0 and message.usage.output_tokens > 0
+
+    with client.messages.stream(**request, messages=ask(f"Moving now.\n{MOVE_LEFT}")) as stream:
+        texts = list(stream.text_stream)
+        streamed = stream.get_final_message()
+    assert "".join(texts) == "Moving now."
+    assert blocks(streamed) == blocks(message) and streamed.stop_reason == "tool_use"
+    assert streamed.usage.output_tokens == message.usage.output_tokens
+
+    # `any` and a named tool start the reply with the call (the script writes the rest); `none` returns the text.
+    for choice in ({"type": "any"}, {"type": "tool", "name": "move"}):
+        forced = client.messages.create(**request, messages=ask(MOVE_LEFT), tool_choice=choice)
+        assert blocks(forced) == [("tool_use", "move", {"direction": "left", "steps": 2})], choice
+    text = client.messages.create(**request, messages=ask(MOVE_LEFT), tool_choice={"type": "none"})
+    assert blocks(text) == [("text", MOVE_LEFT)] and text.stop_reason == "end_turn"
+    two = client.messages.create(**request, messages=ask(f"{LOOK_CALL}\n{MOVE_LEFT}"))
+    assert [b[1] for b in blocks(two)] == ["look", "move"]
+    one = client.messages.create(
+        **request,
+        messages=ask(f"{LOOK_CALL}\n{MOVE_LEFT}"),
+        tool_choice={"type": "auto", "disable_parallel_tool_use": True},
+    )
+    assert [b[1] for b in blocks(one)] == ["look"]
+
+
+def test_tool_result_turns_are_answered_and_a_result_for_no_call_is_refused(client):
+    request = {"model": "policy", "max_tokens": MAX_TOKENS, "system": SYSTEM, "tools": TOOLS}
+    first = client.messages.create(**request, messages=ask(MOVE_LEFT))
+    [call] = first.content
+    history = [
+        *ask(MOVE_LEFT),
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+    ]
+    result = {"type": "tool_result", "tool_use_id": call.id, "content": [{"type": "text", "text": script("Moved.")}]}
+    second = client.messages.create(**request, messages=[*history, {"role": "user", "content": [result]}])
+    assert blocks(second) == [("text", "Moved.")] and second.stop_reason == "end_turn"
+
+    stranger = {**result, "tool_use_id": "toolu_000000000000000000000000"}
+    with pytest.raises(anthropic.BadRequestError, match="answers tool call 'toolu_0+'") as info:
+        client.messages.create(**request, messages=[*history, {"role": "user", "content": [stranger]}])
+    assert info.value.body["error"]["type"] == "invalid_request_error"
+
+
+def test_stop_sequences_max_tokens_and_a_prefill_end_the_reply_as_anthropics_api_does(client):
+    request = {"model": "policy", "max_tokens": MAX_TOKENS}
+    stopped = client.messages.create(**request, messages=ask("Hello there. STOP and more"), stop_sequences=["STOP"])
+    assert blocks(stopped) == [("text", "Hello there. ")]
+    assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", "STOP")
+    with client.messages.stream(**request, messages=ask("Hello there. STOP and more"), stop_sequences=["STOP"]) as s:
+        streamed = s.get_final_message()
+    assert blocks(streamed) == blocks(stopped) and streamed.stop_sequence == "STOP"
+
+    capped = client.messages.create(model="policy", max_tokens=2, messages=ask("one two three four five six"))
+    assert capped.stop_reason == "max_tokens" and capped.usage.output_tokens == 2
+
+    prefilled = [*ask("The answer is 42."), {"role": "assistant", "content": "The answer"}]
+    continued = client.messages.create(**request, messages=prefilled)
+    assert blocks(continued) == [("text", " is 42.")] and continued.stop_reason == "end_turn"
+
+
+def test_bad_requests_get_anthropics_error_shape_and_status(server, client):
+    good = {"model": "policy", "max_tokens": 8, "messages": ask("hi")}
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=server, api_key="wrong", max_retries=0).messages.create(**good)
+    bearer = anthropic.Anthropic(base_url=server, auth_token=KEY, max_retries=0)
+    assert blocks(bearer.messages.create(**good)) == [("text", "hi")]
+    with pytest.raises(anthropic.NotFoundError, match="not served here"):
+        client.messages.create(**{**good, "model": "claude-sonnet-4-5"})
+    refused = {
+        "max_tokens": {**good, "max_tokens": MAX_TOKENS + 1},
+        "image": {
+            **good,
+            "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "x"}}]}],
+        },
+        "tool_choice": {**good, "tool_choice": {"type": "any"}},
+        "each tool needs its own name": {**good, "tools": [MOVE, MOVE]},
+        "thinking": {**good, "thinking": {"type": "enabled", "budget_tokens": 1024}},
+        "only client tools": {**good, "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
+        "temperature": {**good, "extra_body": {"temperature": 1.5}},
+        "structured outputs": {**good, "output_config": {"format": {"type": "json_schema", "schema": {}}}},
+    }
+    for expected, body in refused.items():
+        with pytest.raises(anthropic.BadRequestError, match=expected) as info:
+            client.messages.create(**body)
+        assert info.value.body["type"] == "error" and info.value.body["error"]["type"] == "invalid_request_error"
+    raw = post(f"{server}/v1/messages", json={"model": "policy", "messages": ask("hi")}, headers={"x-api-key": KEY})
+    assert raw.status_code == 400 and raw.json()["type"] == "error"
+    assert "max_tokens" in raw.json()["error"]["message"] and set(raw.json()["error"]) == {"type", "message"}
+    # the chat route keeps OpenAI's shape
+    chat = post(f"{server}/v1/chat/completions", json={"model": "policy"}, headers={"x-api-key": KEY})
+    assert chat.status_code == 400 and "param" in chat.json()["error"]
+
+
+def harvest() -> list:
+    return ray.get(ray.get_actor(episodes_name(APP_NAME), namespace=STORE_NAMESPACE).harvest.remote())
+
+
+def test_an_episode_played_through_the_messages_api_trains_on_exactly_the_ids_the_replica_sampled(server, client):
+    opened = post(
+        f"{server}/v1/episodes", json={"env": "babyai", "task_id": 3, "group": "messages"}, headers={"x-api-key": KEY}
+    ).json()
+    token = opened["token"]
+    request = {"model": "policy", "max_tokens": MAX_TOKENS, "system": SYSTEM, "tools": TOOLS}
+    messages = ask(f"Moving.\n{MOVE_LEFT}")
+    results = [script(LOOK_CALL), script("A door.")]
+    replies = []
+    for turn in range(3):
+        # the token rides in the header on the first two calls, in metadata on the last; the second call streams
+        tagged = (
+            {"extra_headers": {"X-Episode-Token": token}} if turn < 2 else {"metadata": {"user_id": f"episode:{token}"}}
+        )
+        if turn == 1:
+            with client.messages.stream(**request, messages=messages, **tagged) as stream:
+                reply = stream.get_final_message()
+        else:
+            reply = client.messages.create(**request, messages=messages, **tagged)
+        replies.append(reply)
+        messages = [
+            *messages,
+            {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in reply.content]},
+        ]
+        if reply.stop_reason != "tool_use":
+            break
+        answers = [
+            {"type": "tool_result", "tool_use_id": b.id, "content": results[turn]}
+            for b in reply.content
+            if b.type == "tool_use"
+        ]
+        # the second turn's results come with text in the same user turn, as Claude Code sends them
+        messages.append({"role": "user", "content": answers + ([{"type": "text", "text": NOTE}] if turn == 1 else [])})
+    assert [r.stop_reason for r in replies] == ["tool_use", "tool_use", "end_turn"]
+    assert blocks(replies[2]) == [("text", "A door.")]
+    closed = post(
+        f"{server}/v1/episodes/{opened['id']}/reward",
+        json={"reward": 1.0},
+        headers={"x-api-key": KEY, "X-Episode-Token": token},
+    ).json()
+    assert closed["turns"] == 3 and closed["trainable"], closed
+
+    [trajectory] = [t for g, t in harvest() if g == "messages"]
+    # The replay: the opening (system, first user turn, tools) rendered once, then per call the engine's reply to
+    # the ids so far and the tool results appended as the turn's continuation; nothing is rendered twice.
+    tokenizer = load_tokenizer(TINY_RANDOM)
+    tools = ToolChat(ChatFormat(tokenizer), tool_format("hermes"), "auto")
+    engine = ScriptedServing(
+        EngineSpec(
+            model_name=TINY_RANDOM, dtype="float32", seed=0, stop_token_ids=[tokenizer.eos_token_id], pad_token_id=0
+        ),
+        max_requests=1,
+    )
+    functions = [Function(name=t["name"], description=t["description"], parameters=t["input_schema"]) for t in TOOLS]
+    opening = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": script(f"Moving.\n{MOVE_LEFT}")}]
+    ids = tools.prompt_ids(opening, functions)
+    spans = []
+    for turn, reply in enumerate(replies):
+        sampled = engine.reply_ids(ids)
+        spans.append((len(ids), len(ids) + len(sampled)))
+        ids = ids + sampled
+        if turn < 2:
+            results_turn = [
+                {"role": "tool", "tool_call_id": b.id, "content": results[turn]}
+                for b in reply.content
+                if b.type == "tool_use"
+            ]
+            note = [{"role": "user", "content": NOTE}] if turn == 1 else []
+            ids = ids + tools.continuation_ids(sampled, results_turn + note)
+    assert trajectory.token_ids == ids
+    assert trajectory.turn_spans == spans
+    assert [i for i, m in enumerate(trajectory.loss_mask) if m] == [i for s, e in spans for i in range(s, e)]
+    assert trajectory.reward == 1.0
