@@ -31,6 +31,8 @@ def _integral(value: Any) -> Any:
 # (The optional one wraps the union: bounds on a union of the annotated int leak into the schema as `ge`.)
 WholeNumber = Annotated[int, BeforeValidator(_integral)]
 OptionalWholeNumber = Annotated[int | None, BeforeValidator(_integral)]
+# A token id: a whole number from 0 (the bound before the validator: after it, it leaks into the schema as `ge`).
+TokenId = Annotated[int, Field(ge=0), BeforeValidator(_integral)]
 
 
 class Body(BaseModel):
@@ -205,6 +207,18 @@ STOP_SCHEMA = {
         {"type": "null"},
     ]
 }
+
+
+def stop_strings(stop: str | list[str] | None) -> list[str] | None:
+    """OpenAI's ``stop`` as a list (``ValueError`` for more than four or an empty one)."""
+    stops = [stop] if isinstance(stop, str) else stop
+    if stops is None:
+        return None
+    if len(stops) > MAX_STOP_STRINGS or any(not s for s in stops):
+        raise ValueError(f"give at most {MAX_STOP_STRINGS} non-empty stop strings, got {stops!r}")
+    return stops
+
+
 # The rules between fields that the validators below check, in the request schema as well (JSON Schema's
 # if/then), so that a client generated from it, or a fuzzer, knows them.
 CHAT_RULES = [
@@ -316,12 +330,7 @@ class ChatCompletionRequest(Body):
     @field_validator("stop")
     @classmethod
     def _stops(cls, stop: str | list[str] | None) -> list[str] | None:
-        stops = [stop] if isinstance(stop, str) else stop
-        if stops is None:
-            return None
-        if len(stops) > MAX_STOP_STRINGS or any(not s for s in stops):
-            raise ValueError(f"give at most {MAX_STOP_STRINGS} non-empty stop strings, got {stops!r}")
-        return stops
+        return stop_strings(stop)
 
     @model_validator(mode="after")
     def _consistent(self) -> ChatCompletionRequest:

@@ -36,8 +36,8 @@ log = structlog.get_logger()
 
 RETRY_AFTER_S = 1
 ROUTES = (
-    "routes: POST /v1/chat/completions, POST /v1/messages, GET /v1/models, POST /v1/act, POST /v1/episodes, GET /v1/episodes/{id}, "
-    "POST /v1/episodes/{id}/reward, GET /v1/policy, GET /healthz"
+    "routes: POST /v1/chat/completions, POST /v1/messages, POST /v1/completions, GET /v1/models, POST /v1/act, "
+    "POST /v1/episodes, GET /v1/episodes/{id}, POST /v1/episodes/{id}/reward, GET /v1/policy, GET /healthz"
 )
 # What each status means here, for the routes' OpenAPI declarations (the table above).
 ERROR_STATUSES = {

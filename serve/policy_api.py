@@ -492,7 +492,7 @@ class PolicyAPI:
             system_fingerprint=fingerprint(result.weights_version),
             weights_version=result.weights_version,
             choices=choices,
-            usage=_usage(len(request.prompt_ids), generated),
+            usage=usage_of(len(request.prompt_ids), generated),
         )
 
     async def open_stream(
@@ -615,7 +615,7 @@ class PolicyAPI:
                 content, calls = (read.content, read.calls) if read is not None else (replies[0].text, [])
                 await recorder.record(sampled, logprobs_sampled, weights_version, engine_finish, content, calls)
             if body.stream_options is not None and body.stream_options.include_usage:
-                yield event([], _usage(len(request.prompt_ids), generated))
+                yield event([], usage_of(len(request.prompt_ids), generated))
             yield "data: [DONE]\n\n"
         except Exception as exc:  # noqa: BLE001 -- the status (200) is sent already; the stream ends with the error
             yield sse_error(exc)
@@ -728,7 +728,7 @@ def episode_token(episode_id: str, token: str) -> str:
     return token
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> Usage:
+def usage_of(prompt_tokens: int, completion_tokens: int) -> Usage:
     return Usage(
         prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=prompt_tokens + completion_tokens
     )

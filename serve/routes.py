@@ -33,6 +33,7 @@ from agentgym_rl.serve.bodies import (
     ModelList,
     PolicyInfo,
 )
+from agentgym_rl.serve.completions import CompletionsAPI, CompletionsRequest, TextCompletion
 from agentgym_rl.serve.episodes import token_of
 from agentgym_rl.serve.errors import ERROR_STATUSES, install_error_handlers
 from agentgym_rl.serve.policy_api import (
@@ -65,6 +66,13 @@ def declare_limits(schemas: dict, api: PolicyAPI) -> None:
     for field in ("max_tokens", "max_completion_tokens"):
         bound("ChatCompletionRequest", field, maximum=limits.max_tokens)
     bound("MessagesRequest", "max_tokens", maximum=limits.max_tokens)
+    schemas["CompletionsRequest"]["properties"]["model"]["enum"] = [api.model_id]
+    bound("CompletionsRequest", "max_tokens", maximum=limits.max_tokens)
+    bound("CompletionsRequest", "n", maximum=limits.max_n)
+    for branch in schemas["CompletionsRequest"]["properties"]["prompt"]["anyOf"]:
+        if branch.get("type") == "array":  # token ids: within the vocabulary, at most a prompt's worth
+            branch["items"]["maximum"] = len(api.chat.tokenizer) - 1
+            branch["maxItems"] = limits.max_prompt_tokens
     bound("ChatCompletionRequest", "n", maximum=limits.max_n)
     bound("ActRequest", "max_tokens", maximum=limits.max_tokens)
     low, high = limits.episodes.reward_range
@@ -106,6 +114,25 @@ def errors(*statuses: int, anthropic: bool = False) -> dict[int | str, dict]:
     return {status: {"model": model, "description": ERROR_STATUSES[status]} for status in statuses}
 
 
+def streamed(model: type[BaseModel], description: str) -> dict:
+    """The OpenAPI 200 response of a route that answers ``model`` as JSON, or with ``stream: true`` server-sent
+    events (OpenAPI before 3.2 describes an event stream by its events: each has a ``data`` string, the JSON of
+    a chunk, an error object or ``[DONE]``, and maybe an ``event`` name)."""
+    return {
+        "description": description,
+        "content": {
+            "application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}},
+            "text/event-stream": {
+                "schema": {
+                    "type": "object",
+                    "required": ["data"],
+                    "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+                }
+            },
+        },
+    }
+
+
 def json_body(model: type[BaseModel]) -> dict:
     """``openapi_extra`` declaring a route's JSON body (the routes read it themselves, to bound its size)."""
     return {
@@ -121,9 +148,11 @@ def json_body(model: type[BaseModel]) -> dict:
 DECLARED_BY_HAND: tuple[type[BaseModel], ...] = (
     ChatCompletionRequest,
     MessagesRequest,
+    CompletionsRequest,
     ActRequest,
     ChatCompletion,
     MessageOut,
+    TextCompletion,
     EpisodeOpenRequest,
     EpisodeReward,
 )
@@ -174,21 +203,9 @@ def build_api(api: PolicyAPI) -> FastAPI:
         response_model=None,
         openapi_extra=json_body(ChatCompletionRequest),
         responses={
-            200: {
-                "description": "The completion; with `stream: true` server-sent events of chunks, then `[DONE]`.",
-                "content": {
-                    "application/json": {"schema": {"$ref": "#/components/schemas/ChatCompletion"}},
-                    # Each event (OpenAPI before 3.2 describes an event stream by its events): `data` is a
-                    # ChatCompletionChunk as JSON, an error object, or `[DONE]`.
-                    "text/event-stream": {
-                        "schema": {
-                            "type": "object",
-                            "required": ["data"],
-                            "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
-                        }
-                    },
-                },
-            },
+            200: streamed(
+                ChatCompletion, "The completion; with `stream: true` server-sent events of chunks, then `[DONE]`."
+            ),
             **errors(*keyed, 400, 403, 404, 409, 413, 429, 503),
         },
     )
@@ -214,26 +231,37 @@ def build_api(api: PolicyAPI) -> FastAPI:
         response_model=None,
         openapi_extra=json_body(MessagesRequest),
         responses={
-            200: {
-                "description": "The message (Anthropic's Messages API); with `stream: true` Anthropic's server-sent "
+            200: streamed(
+                MessageOut,
+                "The message (Anthropic's Messages API); with `stream: true` Anthropic's server-sent "
                 "events: `message_start`, content blocks, `message_delta`, `message_stop`.",
-                "content": {
-                    "application/json": {"schema": {"$ref": "#/components/schemas/MessageOut"}},
-                    "text/event-stream": {
-                        "schema": {
-                            "type": "object",
-                            "required": ["data"],
-                            "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
-                        }
-                    },
-                },
-            },
+            ),
             **errors(*keyed, 400, 403, 404, 409, 413, 429, 503, anthropic=True),
         },
     )
     async def messages(request: Request) -> MessageOut | StreamingResponse:
         body = await api.read_body(request, MessagesRequest)
         return await messages_api.respond(request, body)
+
+    completions_api = CompletionsAPI(api)
+
+    @app.post(
+        "/v1/completions",
+        dependencies=authorised,
+        response_model=None,
+        openapi_extra=json_body(CompletionsRequest),
+        responses={
+            200: streamed(
+                TextCompletion,
+                "The completion (OpenAI's legacy completions); with `stream: true` server-sent events "
+                "of chunks, then `[DONE]`.",
+            ),
+            **errors(*keyed, 400, 404, 413, 429, 503),
+        },
+    )
+    async def completions(request: Request) -> TextCompletion | StreamingResponse:
+        body = await api.read_body(request, CompletionsRequest)
+        return await completions_api.respond(body)
 
     @app.post(
         "/v1/act",

@@ -294,6 +294,46 @@ def test_logprobs_and_top_logprobs(client):
     assert [(e.token, round(e.logprob, 4)) for e in entries] == [(e.token, round(e.logprob, 4)) for e in content]
 
 
+def test_legacy_completions_continue_the_raw_prompt_with_logprobs_echo_and_streaming(client, checkpoint):
+    prompt = "The red ball is next to"
+    ids = load_tokenizer(str(checkpoint / "policy")).encode(prompt)
+    ask = {"model": MODEL, "max_tokens": 6, "seed": 9}
+    reply = client.completions.create(prompt=prompt, logprobs=3, **ask)
+    [choice] = reply.choices
+    assert reply.object == "text_completion" and reply.usage.prompt_tokens == len(ids)  # no chat template
+    logprobs = choice.logprobs
+    assert len(logprobs.tokens) == reply.usage.completion_tokens - (choice.finish_reason == "stop")
+    assert "".join(logprobs.tokens) == choice.text
+    assert logprobs.text_offset == [sum(len(t) for t in logprobs.tokens[:i]) for i in range(len(logprobs.tokens))]
+    for value, tops in zip(logprobs.token_logprobs, logprobs.top_logprobs, strict=True):
+        assert 1 <= len(tops) <= 3 and value <= max(tops.values()) + 1e-5
+    # the same prompt as token ids, the same seed: the same completion; echo puts the prompt first
+    assert client.completions.create(prompt=ids, **ask).choices[0].text == choice.text
+    echoed = client.completions.create(prompt=prompt, echo=True, **ask).choices[0]
+    assert echoed.text == prompt + choice.text
+    streamed = client.completions.create(
+        prompt=prompt, logprobs=3, stream=True, stream_options={"include_usage": True}, **ask
+    )
+    chunks = list(streamed)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == choice.text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == choice.finish_reason
+    tokens = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+    assert tokens == logprobs.tokens and chunks[-1].usage.completion_tokens == reply.usage.completion_tokens
+    several = client.completions.create(prompt=prompt, n=3, **ask)
+    assert [c.index for c in several.choices] == [0, 1, 2] and len({c.text for c in several.choices}) > 1
+    refused = {
+        "prompt's own log-probabilities": {"prompt": prompt, "echo": True, "logprobs": 1},
+        "one prompt per request": {"prompt": [prompt, prompt]},
+        "outside the vocabulary": {"prompt": [10**7]},
+        "suffix": {"prompt": prompt, "extra_body": {"suffix": "x"}},
+    }
+    for says, body in refused.items():
+        with pytest.raises(openai.BadRequestError, match=says):
+            client.completions.create(**{**ask, **body})
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(**{**ask, "model": "gpt-3.5-turbo-instruct", "prompt": prompt})
+
+
 def test_presence_and_frequency_penalties_stop_repetition(client):
     def greedy_tokens(**penalties) -> list[str]:
         reply = client.chat.completions.create(
