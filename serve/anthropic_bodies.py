@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agentgym_rl.envs.tools import NAME_PATTERN, Function
-from agentgym_rl.serve.bodies import Body, OptionalWholeNumber, WholeNumber
+from agentgym_rl.serve.bodies import Body, OptionalWholeNumber, WholeNumber, distinct_names
 
 CACHE_CONTROL = "Accepted for compatibility and not acted on: the engine reuses every cached prefix by itself."
 
@@ -237,10 +237,7 @@ class MessagesRequest(Body):
     @field_validator("tools")
     @classmethod
     def _distinct_names(cls, tools: list[CustomTool] | None) -> list[CustomTool] | None:
-        names = [tool.name for tool in tools or ()]
-        repeated = sorted({name for name in names if names.count(name) > 1})
-        if repeated:
-            raise ValueError(f"each tool needs its own name; repeated: {', '.join(repeated)}")
+        distinct_names([tool.name for tool in tools or ()], "tool")
         return tools
 
     @model_validator(mode="after")

@@ -209,6 +209,14 @@ STOP_SCHEMA = {
 }
 
 
+def distinct_names(names: list[str], noun: str) -> None:
+    """``ValueError`` when two of a request's tools share a name: a call names its function, so two of one name
+    would make a reply's calls ambiguous (``noun`` says what the API calls a tool)."""
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"each {noun} needs its own name; repeated: {', '.join(repeated)}")
+
+
 def stop_strings(stop: str | list[str] | None) -> list[str] | None:
     """OpenAI's ``stop`` as a list (``ValueError`` for more than four or an empty one)."""
     stops = [stop] if isinstance(stop, str) else stop
@@ -320,11 +328,7 @@ class ChatCompletionRequest(Body):
     @field_validator("tools")
     @classmethod
     def _distinct_names(cls, tools: list[ToolSpec] | None) -> list[ToolSpec] | None:
-        # a call names its function: two functions of one name would make a reply's calls ambiguous
-        names = [tool.function.name for tool in tools or ()]
-        repeated = sorted({name for name in names if names.count(name) > 1})
-        if repeated:
-            raise ValueError(f"each function in `tools` needs its own name; repeated: {', '.join(repeated)}")
+        distinct_names([tool.function.name for tool in tools or ()], "function in `tools`")
         return tools
 
     @field_validator("stop")
