@@ -1,10 +1,11 @@
 """The one place where failures become HTTP statuses, in the error shape of the API a route speaks.
 
-Every error body of an OpenAI-shaped route is ``{"error": {"message", "type", "param", "code"}}``, so the
-``openai`` client raises its matching exception (``BadRequestError`` for 400, ``AuthenticationError`` 401,
-``NotFoundError`` 404, ``RateLimitError`` 429, ``InternalServerError`` 5xx) with the message. The Anthropic
-Messages route (``/v1/messages``) answers in Anthropic's shape, ``{"type": "error", "error": {"type",
-"message"}}``, with the same statuses, so the ``anthropic`` client raises its own matching exceptions:
+Every error body of an OpenAI-shaped route (chat completions, the Responses API, legacy completions and the rest) is
+``{"error": {"message", "type", "param", "code"}}``, so the ``openai`` client raises its matching exception
+(``BadRequestError`` for 400, ``AuthenticationError`` 401, ``NotFoundError`` 404, ``RateLimitError`` 429,
+``InternalServerError`` 5xx) with the message. The Anthropic Messages route (``/v1/messages``) answers in
+Anthropic's shape, ``{"type": "error", "error": {"type", "message"}}``, with the same statuses, so the ``anthropic``
+client raises its own matching exceptions:
 
 | status | when |
 |---|---|
@@ -36,8 +37,9 @@ log = structlog.get_logger()
 
 RETRY_AFTER_S = 1
 ROUTES = (
-    "routes: POST /v1/chat/completions, POST /v1/messages, POST /v1/completions, GET /v1/models, POST /v1/act, "
-    "POST /v1/episodes, GET /v1/episodes/{id}, POST /v1/episodes/{id}/reward, GET /v1/policy, GET /healthz"
+    "routes: POST /v1/chat/completions, POST /v1/responses, POST /v1/messages, POST /v1/completions, GET /v1/models, "
+    "POST /v1/act, POST /v1/episodes, GET /v1/episodes/{id}, POST /v1/episodes/{id}/reward, GET /v1/policy, "
+    "GET /healthz"
 )
 # What each status means here, for the routes' OpenAPI declarations (the table above).
 ERROR_STATUSES = {

@@ -1,6 +1,7 @@
 """What every API's routes do with a request, whatever API it speaks: ``PolicyAPI`` holds the limits, renders
 prompts, calls the model replica, decodes and records episode calls; the OpenAI chat-completions handling lives
-here too (its request and reply forms), the Anthropic Messages API in ``serve.anthropic_messages``.
+here too (its request and reply forms), the Anthropic Messages API in ``serve.anthropic_messages``, OpenAI's
+Responses API in ``serve.responses_api``.
 
 Failures are raised (``APIError``, validation errors, ``QueueFullError``) and turned into statuses in the shape
 of the route's API in ``serve.errors``.
@@ -266,13 +267,20 @@ class PolicyAPI:
             raise APIError(400, f"{param}={requested} exceeds this server's max_tokens cap of {cap}", param=param)
         return requested
 
-    def prompt(self, messages: list[dict[str, Any]], functions: Sequence[Function] = (), prefix: str = "") -> list[int]:
+    def prompt(
+        self,
+        messages: list[dict[str, Any]],
+        functions: Sequence[Function] = (),
+        prefix: str = "",
+        param: str = "messages",
+    ) -> list[int]:
         """Ids of ``messages`` with ``functions`` shown (in the tool format), then the generation prompt and the
-        reply's forced ``prefix`` (400 when that is over ``max_prompt_tokens``)."""
+        reply's forced ``prefix`` (400 when that is over ``max_prompt_tokens``, naming ``param``: the request field
+        that holds the conversation)."""
         try:
             ids = self.tools.prompt_ids(messages, functions)
         except ToolFormatError as exc:
-            raise APIError(400, str(exc), param="messages") from exc
+            raise APIError(400, str(exc), param=param) from exc
         if prefix:
             ids += self.chat.encode(prefix)
         limit = self.limits.max_prompt_tokens
@@ -280,7 +288,7 @@ class PolicyAPI:
             raise APIError(
                 400,
                 f"prompt is {len(ids)} tokens; this server's max_prompt_tokens is {limit}",
-                param="messages",
+                param=param,
                 code="context_length_exceeded",
             )
         return ids

@@ -1,5 +1,5 @@
-"""The HTTP routes of a model replica: OpenAI-compatible chat routes, the Anthropic Messages API, /v1/act,
-/v1/episodes, /v1/policy and /healthz, and the OpenAPI schema they declare.
+"""The HTTP routes of a model replica: OpenAI's chat completions, Responses API and legacy completions, the Anthropic
+Messages API, /v1/act, /v1/episodes, /v1/policy and /healthz, and the OpenAPI schema they declare.
 
 Prompts are rendered and completions decoded by ``PolicyAPI`` (``serve.policy_api``); the replica's engine only
 sees token ids and streams back what it samples.
@@ -45,6 +45,8 @@ from agentgym_rl.serve.policy_api import (
     episode_token,
     sampling_params,
 )
+from agentgym_rl.serve.responses_api import ResponsesAPI
+from agentgym_rl.serve.responses_bodies import ResponseOut, ResponsesRequest
 
 
 def declare_limits(schemas: dict, api: PolicyAPI) -> None:
@@ -63,6 +65,8 @@ def declare_limits(schemas: dict, api: PolicyAPI) -> None:
                 target.update(bounds)
 
     schemas["MessagesRequest"]["properties"]["model"]["enum"] = [api.model_id]
+    schemas["ResponsesRequest"]["properties"]["model"]["enum"] = [api.model_id]
+    bound("ResponsesRequest", "max_output_tokens", maximum=limits.max_tokens)
     for field in ("max_tokens", "max_completion_tokens"):
         bound("ChatCompletionRequest", field, maximum=limits.max_tokens)
     bound("MessagesRequest", "max_tokens", maximum=limits.max_tokens)
@@ -147,10 +151,12 @@ def json_body(model: type[BaseModel]) -> dict:
 # their schemas join the app's OpenAPI components.
 DECLARED_BY_HAND: tuple[type[BaseModel], ...] = (
     ChatCompletionRequest,
+    ResponsesRequest,
     MessagesRequest,
     CompletionsRequest,
     ActRequest,
     ChatCompletion,
+    ResponseOut,
     MessageOut,
     TextCompletion,
     EpisodeOpenRequest,
@@ -222,6 +228,26 @@ def build_api(api: PolicyAPI) -> FastAPI:
             weights_version, stream = await api.open_stream(completion)
             return api.event_stream(body, completion, weights_version, stream, use=use)
         return await api.complete(body, completion, use)
+
+    responses_api = ResponsesAPI(api)
+
+    @app.post(
+        "/v1/responses",
+        dependencies=authorised,
+        response_model=None,
+        openapi_extra=json_body(ResponsesRequest),
+        responses={
+            200: streamed(
+                ResponseOut,
+                "The response (OpenAI's Responses API); with `stream: true` its server-sent events: "
+                "`response.created`, output items and their deltas, `response.completed` (or `response.incomplete`).",
+            ),
+            **errors(*keyed, 400, 403, 404, 409, 413, 429, 503),
+        },
+    )
+    async def responses(request: Request) -> ResponseOut | StreamingResponse:
+        body = await api.read_body(request, ResponsesRequest)
+        return await responses_api.respond(request, body)
 
     messages_api = MessagesAPI(api)
 

@@ -20,7 +20,9 @@ server's own body models; bodies generated to break the schema go as generated. 
 the openai client in tests/integration/test_serve_tools.py. The Anthropic Messages route has rules of the same kind
 (a `tool_result` answers a `tool_use` of the turn before, a last assistant turn makes no call, valid and distinct
 tools, a named `tool_choice` among them), kept the same way (:func:`messages_answerable`) and tested with the
-anthropic client in tests/integration/test_serve_messages.py.
+anthropic client in tests/integration/test_serve_apis.py; so has the Responses API route (a `function_call_output`
+answers a `function_call` of the reply before it, arguments hold a JSON object, valid and distinct functions, a named
+`tool_choice` among them: :func:`responses_answerable`), tested with the openai client in the same file.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from agentgym_rl.envs.http import build_app
 from agentgym_rl.serve.anthropic_bodies import CustomTool
 from agentgym_rl.serve.app import ServeArgs, start_server, stop_server
 from agentgym_rl.serve.bodies import FunctionCallBody, FunctionSpec
+from agentgym_rl.serve.responses_bodies import FunctionCallItem, FunctionTool
 
 KEY = "fuzz-key"
 PHASES = ["examples", "coverage", "fuzzing", "stateful"]
@@ -272,15 +275,17 @@ def answerable(context, case, **kwargs) -> None:
     are no valid object schema become ``{"type": "object"}``; a function named as one before it gets a numbered
     name; a named ``tool_choice`` names the first tool."""
     body = case.body
-    if case.operation.path not in ("/v1/chat/completions", "/v1/messages") or not isinstance(body, dict):
+    path = case.operation.path
+    if path not in ("/v1/chat/completions", "/v1/messages", "/v1/responses") or not isinstance(body, dict):
         return
-    if (
-        case.meta is None
-        or case.meta.is_negative_at(ParameterLocation.BODY)
-        or not isinstance(body.get("messages"), list)
-    ):
+    if case.meta is None or case.meta.is_negative_at(ParameterLocation.BODY):
         return
-    if case.operation.path == "/v1/messages":
+    if path == "/v1/responses":
+        responses_answerable(body)
+        return
+    if not isinstance(body.get("messages"), list):
+        return
+    if path == "/v1/messages":
         messages_answerable(body)
         return
     calls: list[str] = []
@@ -351,6 +356,45 @@ def messages_answerable(body: dict) -> None:
     choice = body.get("tool_choice")
     named = isinstance(choice, dict) and choice.get("type") == "tool"
     if named and tools and choice.get("name") not in [tool.get("name") for tool in tools]:
+        choice["name"] = tools[0]["name"]
+
+
+def responses_answerable(body: dict) -> None:
+    """The Responses API's rules JSON Schema cannot state, kept as :func:`answerable` keeps the chat route's: a
+    ``function_call_output`` answering no call of the reply before it (its run of ``function_call`` items, with the
+    assistant message just before them) answers that reply's first call, or gets a ``function_call`` before it to
+    answer when that reply made none; arguments that are no JSON object become ``{}``; a function whose parameters
+    are no valid object schema gets ``{"type": "object"}``; a function named as one before it gets a numbered name;
+    a named ``tool_choice`` names the first function."""
+    items = body.get("input")
+    if isinstance(items, list):
+        kept: list = []
+        calls: list[str] = []  # the calls of the reply the next output may answer
+        last = None  # what the previous item adds to the conversation: an assistant message, a result, or other
+        for item in items:
+            kind = (item.get("type") or "message") if isinstance(item, dict) else None
+            if kind == "function_call":
+                if not _valid(FunctionCallItem, item):
+                    item["arguments"] = "{}"
+                calls = [*calls, item.get("call_id")] if last == "assistant" else [item.get("call_id")]
+                last = "assistant"
+            elif kind == "function_call_output":
+                if item.get("call_id") not in calls and calls:
+                    item["call_id"] = calls[0]
+                elif item.get("call_id") not in calls:
+                    kept.append(
+                        {"type": "function_call", "call_id": item.get("call_id"), "name": "f", "arguments": "{}"}
+                    )
+                    calls = [item.get("call_id")]
+                last = "result"
+            elif kind == "message":
+                calls, last = [], "assistant" if item.get("role") == "assistant" else "other"
+            kept.append(item)
+        items[:] = kept
+    tools = [tool for tool in body.get("tools") or () if isinstance(tool, dict)]
+    valid_and_distinct(tools, FunctionTool, "parameters")
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and tools and choice.get("name") not in [tool.get("name") for tool in tools]:
         choice["name"] = tools[0]["name"]
 
 

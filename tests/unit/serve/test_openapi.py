@@ -30,6 +30,7 @@ def test_bodies_and_error_statuses_are_declared_and_every_reference_resolves():
     paths = spec["paths"]
     bodies = [
         ("/v1/chat/completions", "ChatCompletionRequest"),
+        ("/v1/responses", "ResponsesRequest"),
         ("/v1/act", "ActRequest"),
         ("/v1/episodes", "EpisodeOpenRequest"),
         ("/v1/episodes/{episode_id}/reward", "EpisodeReward"),

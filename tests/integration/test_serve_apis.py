@@ -1,4 +1,5 @@
-"""The Anthropic Messages API on the policy endpoint, over real HTTP on 127.0.0.1 with the official anthropic client.
+"""The Anthropic Messages API and OpenAI's Responses API on the policy endpoint, over real HTTP on 127.0.0.1 with the
+official anthropic and openai clients.
 
 The replica serves tiny-random's tokenizer with the scripted engine (tests/integration/scripted_serving.py): it
 writes the text a user turn (or a tool result) quotes, continuing from the endpoint's forced call prefix or the
@@ -8,9 +9,11 @@ client's prefill where there is one, so each reply is a chosen call, text, or te
 from __future__ import annotations
 
 import functools
+import json
 
 import anthropic
 import httpx
+import openai
 import pytest
 import ray
 
@@ -65,6 +68,11 @@ def server(ray_local):
 @pytest.fixture(scope="module")
 def client(server) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=server, api_key=KEY, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def openai_client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0)
 
 
 def ask(text: str) -> list[dict]:
@@ -249,6 +257,213 @@ def test_an_episode_played_through_the_messages_api_trains_on_exactly_the_ids_th
             ]
             note = [{"role": "user", "content": NOTE}] if turn == 1 else []
             ids = ids + tools.continuation_ids(sampled, results_turn + note)
+    assert trajectory.token_ids == ids
+    assert trajectory.turn_spans == spans
+    assert [i for i, m in enumerate(trajectory.loss_mask) if m] == [i for s, e in spans for i in range(s, e)]
+    assert trajectory.reward == 1.0
+
+
+# ------------------------------------------------------------------------------------------- the Responses API
+
+FUNCTIONS = [
+    {"type": "function", "name": t["name"], "description": t["description"], "parameters": t["input_schema"]}
+    for t in TOOLS
+]
+
+
+def items(response) -> list[tuple]:
+    """A response's output, ids aside: ("message", text) and ("function_call", name, parsed arguments)."""
+    return [
+        ("message", "".join(part.text for part in item.content))
+        if item.type == "message"
+        else ("function_call", item.name, json.loads(item.arguments))
+        for item in response.output
+    ]
+
+
+def test_a_response_that_calls_a_function_is_a_function_call_item_and_the_sdks_stream_helper_reassembles_it(
+    openai_client,
+):
+    request = {"model": "policy", "instructions": SYSTEM, "tools": FUNCTIONS}
+    response = openai_client.responses.create(**request, input=script(f"Moving now.\n{MOVE_LEFT}"))
+    assert response.status == "completed" and response.id.startswith("resp_") and response.error is None
+    assert items(response) == [("message", "Moving now."), ("function_call", "move", {"direction": "left", "steps": 2})]
+    message, call = response.output
+    assert message.id.startswith("msg_") and message.status == "completed" and response.output_text == "Moving now."
+    assert call.id.startswith("fc_") and call.call_id.startswith("call_") and call.status == "completed"
+    assert response.usage.input_tokens > 0 and response.usage.output_tokens > 0
+    assert response.usage.total_tokens == response.usage.input_tokens + response.usage.output_tokens
+    assert [t.name for t in response.tools] == ["move", "look"] and response.tool_choice == "auto"
+
+    with openai_client.responses.stream(**request, input=script(f"Moving now.\n{MOVE_LEFT}")) as stream:
+        events = list(stream)
+        streamed = stream.get_final_response()
+    assert items(streamed) == items(response) and streamed.status == "completed"
+    assert streamed.usage.output_tokens == response.usage.output_tokens
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "Moving now."
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert [e.type for e in events if "delta" not in e.type] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    raw = list(openai_client.responses.create(**request, input=script(f"Moving now.\n{MOVE_LEFT}"), stream=True))
+    assert raw[-1].type == "response.completed" and items(raw[-1].response) == items(response)
+
+    # `required` and a named function start the reply with the call (the script writes the rest); `none` is text.
+    for choice in ("required", {"type": "function", "name": "move"}):
+        forced = openai_client.responses.create(**request, input=script(MOVE_LEFT), tool_choice=choice)
+        assert items(forced) == [("function_call", "move", {"direction": "left", "steps": 2})], choice
+    text = openai_client.responses.create(**request, input=script(MOVE_LEFT), tool_choice="none")
+    assert items(text) == [("message", MOVE_LEFT)]
+    two = openai_client.responses.create(**request, input=script(f"{LOOK_CALL}\n{MOVE_LEFT}"))
+    assert [i[1] for i in items(two)] == ["look", "move"]
+    one = openai_client.responses.create(
+        **request, input=script(f"{LOOK_CALL}\n{MOVE_LEFT}"), parallel_tool_calls=False
+    )
+    assert [i[1] for i in items(one)] == ["look"] and one.parallel_tool_calls is False
+
+
+def test_function_call_outputs_are_answered_and_an_output_for_no_call_is_refused(openai_client):
+    request = {"model": "policy", "instructions": SYSTEM, "tools": FUNCTIONS}
+    asked = [{"role": "user", "content": script(MOVE_LEFT)}]
+    first = openai_client.responses.create(**request, input=asked)
+    [call] = first.output
+    # The output goes back as the SDK returned it, its models as they are; the result is a function_call_output.
+    history = [*asked, *first.output]
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": script("Moved.")}
+    second = openai_client.responses.create(**request, input=[*history, result])
+    assert items(second) == [("message", "Moved.")] and second.status == "completed"
+    parts = [{"type": "input_text", "text": "Moved"}, {"type": "input_text", "text": script("Done.")}]
+    with_parts = openai_client.responses.create(**request, input=[*history, {**result, "output": parts}])
+    assert items(with_parts) == [("message", "Done.")]
+
+    stranger = {**result, "call_id": "call_000000000000000000000000"}
+    with pytest.raises(openai.BadRequestError, match="answers call 'call_0+'") as info:
+        openai_client.responses.create(**request, input=[*history, stranger])
+    assert info.value.body["type"] == "invalid_request_error" and info.value.body["param"] == "input.2.call_id"
+
+
+def test_the_token_cap_ends_a_response_incomplete_streamed_or_not(openai_client):
+    request = {"model": "policy", "input": script("one two three four five six"), "max_output_tokens": 2}
+    capped = openai_client.responses.create(**request)
+    assert capped.status == "incomplete" and capped.incomplete_details.reason == "max_output_tokens"
+    assert capped.usage.output_tokens == 2 and capped.output[0].status == "incomplete"
+    events = list(openai_client.responses.create(**request, stream=True))
+    assert events[-1].type == "response.incomplete" and items(events[-1].response) == items(capped)
+
+
+def test_bad_responses_requests_get_openais_error_shape_and_status(server, openai_client):
+    good = {"model": "policy", "input": "hi", "max_output_tokens": 8}
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{server}/v1", api_key="wrong", max_retries=0).responses.create(**good)
+    with pytest.raises(openai.NotFoundError, match="not served here") as info:
+        openai_client.responses.create(**{**good, "model": "gpt-5"})
+    assert info.value.body["code"] == "model_not_found"
+    refused = {
+        "previous_response_id": {**good, "previous_response_id": "resp_0123"},
+        "stores no responses or conversations": {**good, "conversation": "conv_0123"},
+        "tool_choice makes a call compulsory": {**good, "tool_choice": "required"},
+        "not among `tools`": {**good, "tools": FUNCTIONS, "tool_choice": {"type": "function", "name": "fly"}},
+        "only function tools": {**good, "tools": [{"type": "web_search"}]},
+        "structured outputs": {**good, "text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}},
+        "reasoning is not served": {**good, "reasoning": {"effort": "high"}},
+        "input_image": {**good, "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+        "item_reference": {**good, "input": [{"type": "item_reference", "id": "msg_0123"}]},
+        "max_tokens cap": {**good, "max_output_tokens": MAX_TOKENS + 1},
+        "each function in `tools` needs its own name": {**good, "tools": FUNCTIONS + FUNCTIONS[:1]},
+        "unrecognized request argument supplied: background": {**good, "background": True},
+        "answers call 'call_1'": {
+            **good,
+            "input": [
+                {"role": "user", "content": "hi"},
+                {"type": "function_call_output", "call_id": "call_1", "output": ""},
+            ],
+        },
+    }
+    for expected, body in refused.items():
+        with pytest.raises(openai.BadRequestError, match=expected) as info:
+            openai_client.responses.create(**body)
+        error = info.value.body
+        assert info.value.status_code == 400 and set(error) == {"message", "type", "param", "code"}, expected
+        assert error["type"] == "invalid_request_error", expected
+
+
+def test_an_episode_played_through_the_responses_api_trains_on_exactly_the_ids_the_replica_sampled(
+    server, openai_client
+):
+    opened = post(
+        f"{server}/v1/episodes", json={"env": "babyai", "task_id": 4, "group": "responses"}, headers={"x-api-key": KEY}
+    ).json()
+    token = opened["token"]
+    request = {"model": "policy", "instructions": SYSTEM, "tools": FUNCTIONS, "max_output_tokens": MAX_TOKENS}
+    conversation: list = [{"role": "user", "content": script(f"Moving.\n{MOVE_LEFT}")}]
+    results = [script(LOOK_CALL), script("A door.")]
+    replies = []
+    for turn in range(3):
+        # the token rides in the header on the first two calls, in `user` on the last; the second call streams
+        tagged = {"extra_headers": {"X-Episode-Token": token}} if turn < 2 else {"user": f"episode:{token}"}
+        if turn == 1:
+            with openai_client.responses.stream(**request, input=conversation, **tagged) as stream:
+                reply = stream.get_final_response()
+        else:
+            reply = openai_client.responses.create(**request, input=conversation, **tagged)
+        replies.append(reply)
+        conversation = [*conversation, *reply.output]
+        calls = [item for item in reply.output if item.type == "function_call"]
+        if not calls:
+            break
+        conversation += [{"type": "function_call_output", "call_id": c.call_id, "output": results[turn]} for c in calls]
+        if turn == 1:  # a user message after the results: the same turn of the prompt
+            conversation.append({"role": "user", "content": NOTE})
+    assert [[i[0] for i in items(r)] for r in replies] == [
+        ["message", "function_call"],
+        ["function_call"],
+        ["message"],
+    ]
+    assert items(replies[2]) == [("message", "A door.")]
+    closed = post(
+        f"{server}/v1/episodes/{opened['id']}/reward",
+        json={"reward": 1.0},
+        headers={"x-api-key": KEY, "X-Episode-Token": token},
+    ).json()
+    assert closed["turns"] == 3 and closed["trainable"], closed
+
+    [trajectory] = [t for g, t in harvest() if g == "responses"]
+    # The replay, as for the Messages API: the opening rendered once, then per call the engine's reply to the ids
+    # so far and the function call outputs (and the note) appended as the turn's continuation.
+    tokenizer = load_tokenizer(TINY_RANDOM)
+    tools = ToolChat(ChatFormat(tokenizer), tool_format("hermes"), "auto")
+    engine = ScriptedServing(
+        EngineSpec(
+            model_name=TINY_RANDOM, dtype="float32", seed=0, stop_token_ids=[tokenizer.eos_token_id], pad_token_id=0
+        ),
+        max_requests=1,
+    )
+    functions = [Function(name=t["name"], description=t["description"], parameters=t["parameters"]) for t in FUNCTIONS]
+    opening = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": script(f"Moving.\n{MOVE_LEFT}")}]
+    ids = tools.prompt_ids(opening, functions)
+    spans = []
+    for turn, reply in enumerate(replies):
+        sampled = engine.reply_ids(ids)
+        spans.append((len(ids), len(ids) + len(sampled)))
+        ids = ids + sampled
+        if turn < 2:
+            outputs = [
+                {"role": "tool", "tool_call_id": item.call_id, "content": results[turn]}
+                for item in reply.output
+                if item.type == "function_call"
+            ]
+            note = [{"role": "user", "content": NOTE}] if turn == 1 else []
+            ids = ids + tools.continuation_ids(sampled, outputs + note)
     assert trajectory.token_ids == ids
     assert trajectory.turn_spans == spans
     assert [i for i, m in enumerate(trajectory.loss_mask) if m] == [i for s, e in spans for i in range(s, e)]
