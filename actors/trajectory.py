@@ -20,6 +20,12 @@ class Trajectory(BaseModel):
     env: str
     task_id: int
     group: int = Field(description="Index of the task within its iteration; episodes of one task share it.")
+    segment: int = Field(
+        0,
+        description="Which segment of its episode this is: 0 for an episode's first (or only) one. An episode "
+        "recorded on the endpoint whose client rewrote its history (`serve.episodes.on_rewrite: segment`) has "
+        "later ones, which follow it in a batch and which group statistics do not count as episodes again.",
+    )
     token_ids: list[int]
     loss_mask: list[int]
     logprobs: list[float]
@@ -41,7 +47,10 @@ class Trajectory(BaseModel):
         description="Whether each turn's reply was cut by the per-turn token cap (`max_new_tokens`, finish "
         "reason `length`). Empty in records made before it existed.",
     )
-    reward: float = Field(description="Outcome reward: the sum of step rewards.")
+    reward: float = Field(
+        description="Outcome reward: the sum of step rewards (for a segment, of its whole episode's, which every "
+        "segment carries)."
+    )
     success: bool
     done: bool = Field(description="The environment ended the episode.")
     truncated: bool = Field(description="The episode was cut by a limit before the environment ended it.")

@@ -744,6 +744,12 @@ class EpisodesConfig(Section):
     reward_range: tuple[float, float] = Field(
         (-10.0, 10.0), description="Lowest and highest reward a client may post (outside: 400)."
     )
+    on_rewrite: Literal["segment", "mismatch"] = Field(
+        "segment",
+        description="A call whose history does not continue the recorded one (the agent compacted, rewrote or "
+        "restarted it): `segment` starts a new segment of the episode from that call's messages, recorded "
+        "token-exact as always, and every segment trains; `mismatch` marks the episode, which then never trains.",
+    )
 
     @model_validator(mode="after")
     def _range_is_ordered(self) -> EpisodesConfig:

@@ -13,20 +13,28 @@ from __future__ import annotations
 import torch
 
 
-def _group_stats(rewards: torch.Tensor, groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-row group size, group sum and unbiased group std. rewards, groups: (B,) -> 3 x (B,)."""
+def _group_stats(
+    values: torch.Tensor, groups: torch.Tensor, counted: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row group size, group sum and unbiased group std, over the rows ``counted`` (all when None): an
+    episode's later segments share its reward and are not counted again. values, groups, counted: (B,) -> 3 x (B,)."""
     _, inverse = torch.unique(groups, return_inverse=True)
     n_groups = int(inverse.max()) + 1
-    size = torch.zeros(n_groups).index_add_(0, inverse, torch.ones_like(rewards))
-    total = torch.zeros(n_groups).index_add_(0, inverse, rewards)
-    mean = total / size
-    sq = torch.zeros(n_groups).index_add_(0, inverse, (rewards - mean[inverse]) ** 2)
+    weight = torch.ones_like(values) if counted is None else counted.to(values.dtype)
+    size = torch.zeros(n_groups).index_add_(0, inverse, weight)
+    total = torch.zeros(n_groups).index_add_(0, inverse, weight * values)
+    mean = total / size.clamp(min=1)
+    sq = torch.zeros(n_groups).index_add_(0, inverse, weight * (values - mean[inverse]) ** 2)
     std = torch.sqrt(sq / (size - 1).clamp(min=1))
     return size[inverse], total[inverse], std[inverse]
 
 
 def grpo_advantages(
-    rewards: torch.Tensor, groups: torch.Tensor, eps: float, normalize_std: bool = True
+    rewards: torch.Tensor,
+    groups: torch.Tensor,
+    eps: float,
+    normalize_std: bool = True,
+    counted: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """GRPO (Shao et al. 2024, DeepSeekMath): (r - mean_group) / (std_group + eps) per episode.
 
@@ -37,13 +45,15 @@ def grpo_advantages(
         rewards: (B,) outcome rewards.
         groups: (B,) group id per episode (episodes of one task share it).
         eps: added to the standard deviation.
+        counted: (B,) 1 on the rows the group statistics count (an episode's first segment), 0 on an
+            episode's later segments, which carry its reward; None: every row is an episode.
 
     Returns:
         (B,) advantages.
     """
     rewards = rewards.float()
-    size, total, std = _group_stats(rewards, groups)
-    centred = rewards - total / size
+    size, total, std = _group_stats(rewards, groups, counted)
+    centred = rewards - total / size.clamp(min=1)
     if normalize_std:
         centred = torch.where(std > 0, centred / (std + eps), torch.zeros_like(centred))
     return torch.where(size > 1, centred, torch.zeros_like(centred))
@@ -65,18 +75,20 @@ def uniform_groups(rewards: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
     return std == 0
 
 
-def rloo_advantages(rewards: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+def rloo_advantages(rewards: torch.Tensor, groups: torch.Tensor, counted: torch.Tensor | None = None) -> torch.Tensor:
     """RLOO (Kool et al. 2019; Ahmadian et al. 2024): r_i minus the mean of the other rewards of its group.
 
     Args:
         rewards: (B,) outcome rewards.
         groups: (B,) group id per episode.
+        counted: (B,) as in :func:`grpo_advantages`: a later segment carries its episode's reward, so the
+            mean of the other episodes leaves out its own.
 
     Returns:
         (B,) advantages; 0 for a group of one.
     """
     rewards = rewards.float()
-    size, total, _ = _group_stats(rewards, groups)
+    size, total, _ = _group_stats(rewards, groups, counted)
     others = (total - rewards) / (size - 1).clamp(min=1)
     return torch.where(size > 1, rewards - others, torch.zeros_like(rewards))
 
@@ -190,7 +202,11 @@ def turn_states(state_ids: torch.Tensor, turn_ids: torch.Tensor) -> torch.Tensor
 
 
 def grpo_turn_advantages(
-    returns: torch.Tensor, groups: torch.Tensor, eps: float, normalize_std: bool = True
+    returns: torch.Tensor,
+    groups: torch.Tensor,
+    eps: float,
+    normalize_std: bool = True,
+    counted: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """GRPO with turn-level credit: each turn's return, centred (and scaled) by the statistics of its
     group's episode returns (the returns from the first turn, G_0).
@@ -204,21 +220,26 @@ def grpo_turn_advantages(
         groups: (B,) group id per episode.
         eps: added to the standard deviation.
         normalize_std: divide by the group std of G_0 (False: Dr. GRPO's centring only).
+        counted: (B,) the rows whose G_0 is an episode's return (its first segment); None: all.
 
     Returns:
         (B, K) advantages.
     """
-    size, total, std = _group_stats(returns[:, 0], groups)
-    centred = returns - (total / size)[:, None]
+    size, total, std = _group_stats(returns[:, 0], groups, counted)
+    centred = returns - (total / size.clamp(min=1))[:, None]
     if normalize_std:
         centred = torch.where(std[:, None] > 0, centred / (std[:, None] + eps), torch.zeros_like(centred))
     return torch.where(size[:, None] > 1, centred, torch.zeros_like(centred))
 
 
-def rloo_turn_advantages(returns: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+def rloo_turn_advantages(
+    returns: torch.Tensor, groups: torch.Tensor, counted: torch.Tensor | None = None
+) -> torch.Tensor:
     """RLOO with turn-level credit: each turn's return minus the mean episode return (G_0) of the other
-    episodes of its group; 0 for a group of one. returns (B, K), groups (B,) -> (B, K)"""
-    size, total, _ = _group_stats(returns[:, 0], groups)
+    episodes of its group; 0 for a group of one. returns (B, K), groups (B,), counted (B,) as in
+    :func:`grpo_turn_advantages` -> (B, K). A later segment's own return is left out in place of its
+    episode's: the same under outcome rewards, which reach every segment whole."""
+    size, total, _ = _group_stats(returns[:, 0], groups, counted)
     others = (total - returns[:, 0]) / (size - 1).clamp(min=1)
     return torch.where(size[:, None] > 1, returns - others[:, None], torch.zeros_like(returns))
 

@@ -16,8 +16,9 @@ def collate(trajectories: list[Trajectory], pad_token_id: int) -> dict[str, torc
 
     Returns a dict with ``input_ids`` and ``attention_mask`` of shape (B, L); ``loss_mask``,
     ``sampler_logprobs``, ``token_rewards``, ``turn_ids``, ``state_ids`` and ``turn_capped`` of shape
-    (B, L-1), aligned with next-token targets (position t predicts token t+1); ``rewards``, ``groups``
-    and ``truncated`` of shape (B,).
+    (B, L-1), aligned with next-token targets (position t predicts token t+1); ``rewards``, ``groups``,
+    ``counted`` and ``truncated`` of shape (B,). ``counted`` is 1 on an episode's first segment (every row of
+    a batch played by samplers) and 0 on its later ones: group statistics count episodes, not segments.
     Each turn's environment reward sits on the last sampled token of that turn's reply (never on
     an environment token), so the rewards on a row sum to the episode's outcome. ``turn_ids`` is the
     turn's index (0, 1, ...) on its reply tokens and -1 elsewhere; ``state_ids`` numbers the distinct
@@ -64,6 +65,7 @@ def collate(trajectories: list[Trajectory], pad_token_id: int) -> dict[str, torc
         "turn_capped": turn_capped,
         "rewards": torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
         "groups": torch.tensor([t.group for t in trajectories], dtype=torch.long),
+        "counted": torch.tensor([t.segment == 0 for t in trajectories], dtype=torch.float32),
         "truncated": torch.tensor([t.truncated for t in trajectories], dtype=torch.bool),
     }
 

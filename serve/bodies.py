@@ -545,6 +545,15 @@ class EpisodeOpenRequest(Body):
     )
 
 
+class SegmentInfo(BaseModel):
+    began_at_turn: int = Field(description="The episode's turns recorded before this segment began.")
+    turns: int = Field(description="Replies recorded in it.")
+    tokens: int = Field(description="Token ids recorded in it (its opening, continuations and replies).")
+    reason: str | None = Field(
+        description="How the call that began it rewrote the history (None for the episode's first segment)."
+    )
+
+
 class EpisodeInfo(BaseModel):
     id: str = Field(description="The episode id.")
     env: str
@@ -555,8 +564,13 @@ class EpisodeInfo(BaseModel):
     tokens: int = Field(description="Token ids recorded so far (prompts, continuations and replies).")
     sampled_tokens: int = Field(description="Of those, the ids the policy sampled (what trains).")
     weights_versions: list[int] = Field(description="The policy versions that sampled its replies.")
+    segments: list[SegmentInfo] = Field(
+        description="Its recorded segments, in order: one, and one more each time the client's history did not "
+        "continue the recorded one (`serve.episodes.on_rewrite: segment`); each trains as a trajectory."
+    )
     mismatch: str | None = Field(
-        description="Where the client's history stopped matching what was sampled; such an episode never trains."
+        description="Where the client's history stopped matching what was sampled (`serve.episodes.on_rewrite: "
+        "mismatch`); such an episode never trains."
     )
     truncated: bool = Field(description="A call was refused for going over the context budget.")
     reward: float | None = Field(description="The posted reward (summed over turns); None while open.")

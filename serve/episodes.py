@@ -19,8 +19,15 @@ The book below builds each call's prompt ids itself, with a :class:`~agentgym_rl
   arguments (``ToolCall.same_call``: a client that re-serialized the arguments with other spacing or key
   order echoes the same call) under the id the endpoint returned. Ids are compared too: a ``tool`` message
   names the call it answers by id, so a client that renamed an id could not say which recorded call a
-  result answers. A reply, call, message or set of tools the client changed is a mismatch: the call is
-  still served (from the client's own rendering of its history) but the episode is marked and never trains.
+  result answers.
+- A call whose history does not continue the recorded one (a reply, call, message or set of tools the client
+  changed, or messages it dropped: an agent that compacted its context, rewrote or restarted it) is a
+  rewrite. With ``serve.episodes.on_rewrite: segment`` (the default) it begins a new :class:`Segment` of the
+  episode: its messages and tools, rendered, are the segment's opening, and its turns are recorded
+  token-exact as always. Each segment trains as a trajectory of the episode; the reward reaches each
+  (``segment_rewards``), and group statistics count the episode once (``Trajectory.segment``). With
+  ``mismatch`` the call is still served (from the client's own rendering of its history) but the episode is
+  marked and never trains.
 
 A call is admitted under an id its route chose (``prepare``), and only that id records its reply or gives it
 up (``record``, ``abandon``): a route releases the episode on every way out of the call, even one that left
@@ -29,9 +36,10 @@ before it learned whether the book admitted it, and never releases another call'
 Each client (``client_of`` in ``serve.routes``: its bearer key and address) holds at most
 ``serve.episodes.max_open_per_client`` open episodes, so one client's flood is refused to that client alone.
 
-Closing posts one outcome reward or one per turn. An episode idle for ``serve.episodes.ttl_s`` expires and
-is dropped. Closed episodes that did not mismatch become ``Trajectory`` records with the samplers' layout
-(their ``messages`` the plain rendering of what the model saw, ``ToolFormat.plain_messages``). The book
+Closing posts one outcome reward or one per turn (over all the episode's turns). An episode idle for
+``serve.episodes.ttl_s`` expires and is dropped. Closed episodes that did not mismatch become ``Trajectory``
+records with the samplers' layout, one per segment (their ``messages`` the plain rendering of what the model
+saw, ``ToolFormat.plain_messages``). The book
 lives in one Ray actor (``serve.deployment.episode_store``) that every replica of the endpoint asks, so the
 calls of one episode may reach any replica.
 """
@@ -76,6 +84,34 @@ class Prepared:
 
 
 @dataclass
+class Segment:
+    """A stretch of an episode recorded token-exact: the messages and tools of the call that began it, rendered
+    once (its opening), then each reply's ids as sampled and each later turn's continuation. An episode has one
+    segment, and one more each time its client rewrote its history (``serve.episodes.on_rewrite: segment``)."""
+
+    began_at_turn: int  # the episode's turns recorded before it
+    reason: str | None  # how the call that began it rewrote the history (None for the episode's first)
+    functions: list[Function]  # the tools of that call
+    messages: list[Message]  # the conversation so far, as the client sees it
+    token_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    prompt_length: int
+    turn_spans: list[tuple[int, int]] = field(default_factory=list)
+    replies: list[str] = field(default_factory=list)
+    turn_capped: list[bool] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+
+    def describe(self) -> dict:
+        return {
+            "began_at_turn": self.began_at_turn,
+            "turns": len(self.turn_spans),
+            "tokens": len(self.token_ids),
+            "reason": self.reason,
+        }
+
+
+@dataclass
 class Episode:
     id: str
     secret: str
@@ -85,24 +121,19 @@ class Episode:
     opened: float
     last_active: float
     client: str
-    opening: list[Message] = field(default_factory=list)
-    functions: list[Function] = field(default_factory=list)  # the tools of the opening call
-    messages: list[Message] = field(default_factory=list)  # the conversation so far, as the client sees it
-    token_ids: list[int] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    prompt_length: int = 0
-    turn_spans: list[tuple[int, int]] = field(default_factory=list)
-    replies: list[str] = field(default_factory=list)
-    turn_capped: list[bool] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
+    segments: list[Segment] = field(default_factory=list)  # the last is the one being recorded
     status: Literal["open", "closed"] = "open"
     mismatch: str | None = None
     truncated: bool = False
     pending: list[int] | None = None  # the continuation ids of a call being generated
     pending_messages: list[Message] = field(default_factory=list)  # the messages that call adds
+    pending_segment: Segment | None = None  # the segment that call begins, kept once its reply is recorded
     call: str | None = None  # the id of that call
     step_rewards: list[float] = field(default_factory=list)
+
+    @property
+    def turns(self) -> int:
+        return sum(len(segment.turn_spans) for segment in self.segments)
 
     def describe(self) -> dict:
         return {
@@ -111,14 +142,15 @@ class Episode:
             "task_id": self.task_id,
             "group": self.group_key,
             "status": self.status,
-            "turns": len(self.turn_spans),
-            "tokens": len(self.token_ids),
-            "sampled_tokens": sum(self.loss_mask),
-            "weights_versions": sorted(set(self.versions)),
+            "turns": self.turns,
+            "tokens": sum(len(segment.token_ids) for segment in self.segments),
+            "sampled_tokens": sum(sum(segment.loss_mask) for segment in self.segments),
+            "weights_versions": sorted({v for segment in self.segments for v in segment.versions}),
+            "segments": [segment.describe() for segment in self.segments],
             "mismatch": self.mismatch,
             "truncated": self.truncated,
             "reward": sum(self.step_rewards) if self.status == "closed" else None,
-            "trainable": self.status == "closed" and self.mismatch is None and bool(self.turn_spans),
+            "trainable": self.status == "closed" and self.mismatch is None and bool(self.segments),
         }
 
 
@@ -166,7 +198,9 @@ class EpisodeBook:
         self.max_prompt_tokens = max_prompt_tokens
         self.clock = clock
         self.episodes: dict[str, Episode] = {}
-        self.counters = {key: 0 for key in ("opened", "closed", "expired", "mismatched", "harvested", "refused")}
+        self.counters = {
+            key: 0 for key in ("opened", "closed", "expired", "mismatched", "segmented", "harvested", "refused")
+        }
 
     # ----------------------------------------------------------------------------- opening and looking up
 
@@ -257,11 +291,27 @@ class EpisodeBook:
                 409, f"episode {episode.id!r} has a call in progress; wait for its reply", "episode_busy"
             )
         episode.last_active = self.clock()
-        if not episode.turn_spans:
-            return self._prepare_opening(episode, messages, max_new_tokens, call, list(functions), list(prefix_ids))
+        if not episode.segments:
+            if any(m["role"] in ("assistant", "tool") for m in messages):
+                return self._refuse(
+                    409,
+                    "an episode's first call opens the conversation: it holds no assistant or tool message",
+                    "invalid_episode_call",
+                    "messages",
+                )
+            return self._begin_segment(episode, messages, max_new_tokens, call, functions, prefix_ids, None)
         if episode.mismatch is not None:  # nothing more of it is recorded
             return self._client_rendering(messages, functions, prefix_ids)
-        known = episode.messages
+        segment = episode.segments[-1]
+        known = segment.messages
+        rewrite = self._rewrite(known, messages) or self._tools_change(segment.functions, list(functions))
+        if rewrite is not None and self.config.on_rewrite == "segment":
+            self.counters["segmented"] += 1
+            return self._begin_segment(episode, messages, max_new_tokens, call, functions, prefix_ids, rewrite)
+        if rewrite is not None:
+            episode.mismatch = rewrite
+            self.counters["mismatched"] += 1
+            return self._client_rendering(messages, functions, prefix_ids)
         new = messages[len(known) :]
         roles = [m["role"] for m in new]
         results = len(roles) - (roles[-1:] == ["user"])  # the tool messages before a last user message
@@ -274,23 +324,18 @@ class EpisodeBook:
                 "invalid_episode_call",
                 "messages",
             )
-        changed = self._first_change(known, messages) or self._tools_change(episode.functions, list(functions))
-        if changed is not None:
-            episode.mismatch = changed
-            self.counters["mismatched"] += 1
-            return self._client_rendering(messages, functions, prefix_ids)
         if roles[0] == "tool":
             answered = self._answered_calls(known[-1].get("tool_calls") or [], new[:results])
             if isinstance(answered, Refusal):
                 return answered
             new = answered + new[results:]
-        last_start, last_end = episode.turn_spans[-1]
-        continuation = self.chat.continuation_ids(episode.token_ids[last_start:last_end], new) + list(prefix_ids)
-        if refusal := self._over_budget(episode, len(episode.token_ids) + len(continuation), max_new_tokens):
+        last_start, last_end = segment.turn_spans[-1]
+        continuation = self.chat.continuation_ids(segment.token_ids[last_start:last_end], new) + list(prefix_ids)
+        if refusal := self._over_budget(episode, len(segment.token_ids) + len(continuation), max_new_tokens):
             return refusal
         episode.pending, episode.call = continuation, call
         episode.pending_messages = [self._kept(m) for m in messages[len(known) :]]
-        return Prepared(prompt_ids=episode.token_ids + continuation, recorded=True)
+        return Prepared(prompt_ids=segment.token_ids + continuation, recorded=True)
 
     def _client_rendering(
         self, messages: list[Message], functions: Sequence[Function], prefix_ids: Sequence[int]
@@ -305,33 +350,46 @@ class EpisodeBook:
             return self._refuse(400, self._budget_message(len(ids), 0), "context_length_exceeded", "messages")
         return Prepared(prompt_ids=ids, recorded=False)
 
-    def _prepare_opening(
+    def _begin_segment(
         self,
         episode: Episode,
         messages: list[Message],
         max_new_tokens: int,
         call: str,
-        functions: list[Function],
-        prefix_ids: list[int],
+        functions: Sequence[Function],
+        prefix_ids: Sequence[int],
+        reason: str | None,
     ) -> Prepared | Refusal:
-        """The first call: its messages and tools, rendered, are the episode's opening."""
-        if any(m["role"] in ("assistant", "tool") for m in messages):
+        """A call whose messages and tools, rendered, are the opening of a new segment (the episode's first, or
+        one after a rewritten history, ``reason`` saying how). The segment is kept once the call's reply is
+        recorded; until then the episode's recorded segments are as they were."""
+        if messages[-1]["role"] not in ("user", "tool"):
             return self._refuse(
                 409,
-                "an episode's first call opens the conversation: it holds no assistant or tool message",
+                f"a call of an episode ends with a user message or tool results, not {messages[-1]['role']!r} "
+                "(a prefilled reply cannot be recorded as sampled)",
                 "invalid_episode_call",
                 "messages",
             )
-        opening = self.chat.prompt_ids(messages, functions)
-        ids = opening + prefix_ids
+        try:
+            opening = self.chat.prompt_ids(messages, functions)
+        except ToolFormatError as exc:
+            return self._refuse(400, str(exc), "invalid_episode_call", "messages")
+        ids = opening + list(prefix_ids)
         if refusal := self._over_budget(episode, len(ids), max_new_tokens):
             return refusal
-        episode.opening = [self._kept(m) for m in messages]
-        episode.functions = functions
-        episode.token_ids, episode.loss_mask, episode.logprobs = list(opening), [0] * len(opening), [0.0] * len(opening)
-        episode.prompt_length = len(ids)
-        episode.pending, episode.call = list(prefix_ids), call
-        episode.pending_messages = list(episode.opening)
+        kept = [self._kept(m) for m in messages]
+        episode.pending_segment = Segment(
+            began_at_turn=episode.turns,
+            reason=reason,
+            functions=list(functions),
+            messages=[],
+            token_ids=list(opening),
+            loss_mask=[0] * len(opening),
+            logprobs=[0.0] * len(opening),
+            prompt_length=len(ids),
+        )
+        episode.pending, episode.call, episode.pending_messages = list(prefix_ids), call, kept
         return Prepared(prompt_ids=ids, recorded=True)
 
     def record(
@@ -356,23 +414,27 @@ class EpisodeBook:
         if episode.pending is None or episode.call != call:
             return self._refuse(409, f"episode {episode.id!r} has no such call in progress", "episode_not_busy")
         continuation, episode.pending, episode.call = episode.pending, None, None
-        episode.token_ids += continuation
-        episode.loss_mask += [0] * len(continuation)
-        episode.logprobs += [0.0] * len(continuation)
-        start = len(episode.token_ids)
-        episode.token_ids += token_ids
-        episode.loss_mask += [1] * len(token_ids)
-        episode.logprobs += logprobs
-        episode.turn_spans.append((start, len(episode.token_ids)))
+        if episode.pending_segment is not None:
+            episode.segments.append(episode.pending_segment)
+            episode.pending_segment = None
+        segment = episode.segments[-1]
+        segment.token_ids += continuation
+        segment.loss_mask += [0] * len(continuation)
+        segment.logprobs += [0.0] * len(continuation)
+        start = len(segment.token_ids)
+        segment.token_ids += token_ids
+        segment.loss_mask += [1] * len(token_ids)
+        segment.logprobs += logprobs
+        segment.turn_spans.append((start, len(segment.token_ids)))
         calls = list(tool_calls or [])
-        episode.replies.append(self.chat.format.call_text(text, calls) if calls else text or "")
+        segment.replies.append(self.chat.format.call_text(text, calls) if calls else text or "")
         reply: Message = {"role": "assistant", "content": text if calls else text or ""}
         if calls:
             reply["tool_calls"] = calls
-        episode.messages += [*episode.pending_messages, reply]
+        segment.messages += [*episode.pending_messages, reply]
         episode.pending_messages = []
-        episode.turn_capped.append(capped)
-        episode.versions.append(version)
+        segment.turn_capped.append(capped)
+        segment.versions.append(version)
         episode.last_active = self.clock()
         return episode.describe()
 
@@ -381,11 +443,7 @@ class EpisodeBook:
         was before it. Anything else (no such call, another call, no episode) is left alone."""
         found = self._lookup(token)
         if isinstance(found, Episode) and found.pending is not None and found.call == call:
-            if not found.turn_spans:  # the opening call: nothing was recorded before it
-                found.opening, found.functions = [], []
-                found.token_ids, found.loss_mask, found.logprobs = [], [], []
-                found.prompt_length = 0
-            found.pending, found.pending_messages, found.call = None, [], None
+            found.pending, found.pending_messages, found.pending_segment, found.call = None, [], None, None
 
     # ----------------------------------------------------------------------------- closing
 
@@ -403,7 +461,7 @@ class EpisodeBook:
             )
         if (reward is None) == (rewards is None):
             return self._refuse(400, "give either reward (one outcome) or rewards (one per turn)", "invalid_reward")
-        turns = len(episode.turn_spans)
+        turns = episode.turns
         if rewards is not None and len(rewards) != turns:
             return self._refuse(
                 409,
@@ -430,38 +488,53 @@ class EpisodeBook:
     # ----------------------------------------------------------------------------- training side
 
     def harvest(self) -> list[tuple[str, Trajectory]]:
-        """Take the closed episodes out of the book: ``(group key, trajectory)`` for each that can train (a
-        mismatched or empty one is dropped and counted)."""
+        """Take the closed episodes out of the book: ``(group key, trajectory)`` for each segment of each that can
+        train, an episode's segments one after another, in order (a mismatched or empty one is dropped and
+        counted)."""
         taken = []
         for episode in [e for e in self.episodes.values() if e.status == "closed"]:
             del self.episodes[episode.id]
-            if episode.mismatch is None and episode.turn_spans:
-                taken.append((episode.group_key, self.trajectory(episode)))
+            if episode.mismatch is None and episode.segments:
+                taken += [(episode.group_key, trajectory) for trajectory in self.trajectories(episode)]
                 self.counters["harvested"] += 1
         return taken
 
-    def trajectory(self, episode: Episode) -> Trajectory:
-        return Trajectory(
-            env=episode.env,
-            task_id=episode.task_id,
-            group=0,  # the trainer numbers groups per iteration
-            token_ids=episode.token_ids,
-            loss_mask=episode.loss_mask,
-            logprobs=episode.logprobs,
-            prompt_length=episode.prompt_length,
-            turn_spans=episode.turn_spans,
-            messages=self.chat.format.plain_messages(episode.messages, episode.functions),
-            actions=episode.replies,
-            step_rewards=episode.step_rewards,
-            turn_capped=episode.turn_capped,
-            reward=float(sum(episode.step_rewards)),
-            success=sum(episode.step_rewards) > 0,
-            done=not episode.truncated,
-            truncated=episode.truncated,
-            truncation_reason="context" if episode.truncated else None,
-            horizon=len(episode.turn_spans),
-            weights_version=min(episode.versions),
-        )
+    def trajectories(self, episode: Episode) -> list[Trajectory]:
+        """One trajectory per segment of a closed episode: its step rewards those :func:`segment_rewards` gives it,
+        its ``reward`` the episode's outcome. All carry the episode's oldest weights version, so staleness drops
+        an episode whole."""
+        lengths = [len(segment.turn_spans) for segment in episode.segments]
+        oldest = min(v for segment in episode.segments for v in segment.versions)
+        outcome = float(sum(episode.step_rewards))
+        last = len(episode.segments) - 1
+        return [
+            Trajectory(
+                env=episode.env,
+                task_id=episode.task_id,
+                group=0,  # the trainer numbers groups per iteration
+                segment=index,
+                token_ids=segment.token_ids,
+                loss_mask=segment.loss_mask,
+                logprobs=segment.logprobs,
+                prompt_length=segment.prompt_length,
+                turn_spans=segment.turn_spans,
+                messages=self.chat.format.plain_messages(segment.messages, segment.functions),
+                actions=segment.replies,
+                step_rewards=rewards,
+                turn_capped=segment.turn_capped,
+                reward=outcome,
+                success=outcome > 0,
+                # an earlier segment ends where the client rewrote its history, never at a limit
+                done=index < last or not episode.truncated,
+                truncated=index == last and episode.truncated,
+                truncation_reason="context" if index == last and episode.truncated else None,
+                horizon=len(segment.turn_spans),
+                weights_version=oldest,
+            )
+            for index, (segment, rewards) in enumerate(
+                zip(episode.segments, segment_rewards(episode.step_rewards, lengths), strict=True)
+            )
+        ]
 
     def expire(self) -> int:
         """Drop episodes idle for longer than ``ttl_s``; returns how many."""
@@ -555,6 +628,16 @@ class EpisodeBook:
             f"the tools {names} differ from the episode's first call's {before} (the tools an episode offers are fixed)"
         )
 
+    @classmethod
+    def _rewrite(cls, known: list[Message], messages: list[Message]) -> str | None:
+        """How ``messages`` fails to continue the recorded conversation ``known``, in words: a recorded message
+        changed, or dropped; None when it repeats all of it."""
+        changed = cls._first_change(known, messages)
+        if changed is None and len(messages) < len(known):
+            dropped = len(known) - len(messages)
+            return f"the history has {len(messages)} messages, the last {dropped} of the {len(known)} recorded dropped"
+        return changed
+
     @staticmethod
     def _first_change(known: list[Message], messages: list[Message]) -> str | None:
         """Where ``messages`` stops repeating the recorded conversation ``known``, said in words; None if it does."""
@@ -566,6 +649,25 @@ class EpisodeBook:
             if difference is not None:
                 return f"{what} differs from what this episode recorded (the client changed {difference})"
         return None
+
+
+def segment_rewards(step_rewards: Sequence[float], lengths: Sequence[int]) -> list[list[float]]:
+    """The step rewards of each segment of an episode: its own turns' rewards, the last of them also carrying
+    every later turn's (undiscounted), so a segment's return from any of its turns is the episode's return from
+    that turn, and an outcome reward on the episode's last turn reaches every segment whole.
+
+    Args:
+        step_rewards: one reward per turn of the episode.
+        lengths: the turns of each segment, in order (they sum to ``len(step_rewards)``).
+    """
+    assert sum(lengths) == len(step_rewards), (lengths, len(step_rewards))
+    split, start = [], 0
+    for length in lengths:
+        own = [float(value) for value in step_rewards[start : start + length]]
+        start += length
+        own[-1] += float(sum(step_rewards[start:]))
+        split.append(own)
+    return split
 
 
 def _difference(want: Message, got: Message) -> str | None:

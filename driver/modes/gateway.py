@@ -3,7 +3,8 @@
 Clients (agents written in any framework) play through the endpoint's episode routes
 (``serve.episodes``). Each iteration collects the closed episodes from the endpoint's episode book,
 groups them by the clients' group keys, and trains once ``trainer.tasks_per_iteration`` groups hold
-``algorithm.group_size`` episodes each, or after ``trainer.gateway.timeout_s`` with at least one such
+``algorithm.group_size`` episodes each (an episode whose client rewrote its history brings all its segments,
+and counts once), or after ``trainer.gateway.timeout_s`` with at least one such
 group; the new weights then hot-swap into the replicas. An episode whose oldest reply was sampled more
 than ``trainer.max_staleness`` versions before the learner's is dropped (``rollout/dropped_stale``), as
 is one whose history the client changed (the book never hands those out). Episodes of a group beyond
@@ -82,7 +83,7 @@ class GatewayTrainer(Trainer):
             **group_metrics(self.algorithm, batch),
             **learner_metrics,
             "rollout/dropped_stale": float(dropped),
-            "episodes/waiting": float(sum(len(members) for members in self.waiting.values())),
+            "episodes/waiting": float(sum(episodes_in(members) for members in self.waiting.values())),
             **{f"episodes/{key}": float(value) for key, value in book.items()},
             "time/rollout_s": wait_s,
             "time/sync_s": sync_s,
@@ -104,15 +105,27 @@ class GatewayTrainer(Trainer):
                     dropped += 1
                 else:
                     self.waiting[key].append(trajectory)
-            full = [key for key, members in self.waiting.items() if len(members) >= size]
+            full = [key for key, members in self.waiting.items() if episodes_in(members) >= size]
             if len(full) >= wanted or (full and time.monotonic() >= deadline):
                 break
             time.sleep(cfg.trainer.gateway.poll_s)
         groups = []
         for key in full[:wanted]:  # the groups completed first
-            groups.append(self.waiting[key][:size])
-            self.waiting[key] = self.waiting[key][size:]
+            taken, self.waiting[key] = first_episodes(self.waiting[key], size)
+            groups.append(taken)
             if not self.waiting[key]:
                 del self.waiting[key]
         log.info("episodes collected", iteration=iteration, groups=len(groups), dropped_stale=dropped)
         return groups, dropped
+
+
+def episodes_in(members: list[Trajectory]) -> int:
+    """How many episodes ``members`` hold (an episode's segments follow its first, ``segment`` 0)."""
+    return sum(member.segment == 0 for member in members)
+
+
+def first_episodes(members: list[Trajectory], count: int) -> tuple[list[Trajectory], list[Trajectory]]:
+    """The first ``count`` episodes of ``members`` with all their segments, and the rest."""
+    starts = [index for index, member in enumerate(members) if member.segment == 0]
+    cut = starts[count] if count < len(starts) else len(members)
+    return members[:cut], members[cut:]

@@ -21,7 +21,15 @@ from pydantic import Field
 from typing_extensions import override
 
 from agentgym_rl.learner.advantages import gigpo_step_advantages, grpo_advantages, spread_turns, turn_states
-from agentgym_rl.learner.algorithms.base import GROUPS, LOSS_MASK, REWARDS, STATE_IDS, TURN_IDS, register_algorithm
+from agentgym_rl.learner.algorithms.base import (
+    COUNTED,
+    GROUPS,
+    LOSS_MASK,
+    REWARDS,
+    STATE_IDS,
+    TURN_IDS,
+    register_algorithm,
+)
 from agentgym_rl.learner.algorithms.policy_gradient import GroupRelative, GroupRelativeParams, turn_level_returns
 from agentgym_rl.learner.losses import masked_mean
 
@@ -73,7 +81,7 @@ class GiGPO(GroupRelative):
     @override
     def estimate_advantages(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         cfg = self.config
-        episode = grpo_advantages(batch[REWARDS], batch[GROUPS], cfg.adv_eps, cfg.normalize_std)  # (B,)
+        episode = grpo_advantages(batch[REWARDS], batch[GROUPS], cfg.adv_eps, cfg.normalize_std, batch[COUNTED])  # (B,)
         returns = self.turn_returns(batch, cfg.gamma)  # (B, K)
         states = turn_states(batch[STATE_IDS], batch[TURN_IDS])  # (B, K)
         step, shared = gigpo_step_advantages(returns, states, batch[GROUPS], cfg.adv_eps, cfg.normalize_std)

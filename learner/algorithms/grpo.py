@@ -7,7 +7,7 @@ from pydantic import Field
 from typing_extensions import override
 
 from agentgym_rl.learner.advantages import grpo_advantages, grpo_turn_advantages, spread_turns
-from agentgym_rl.learner.algorithms.base import GROUPS, LOSS_MASK, REWARDS, TURN_IDS, register_algorithm
+from agentgym_rl.learner.algorithms.base import COUNTED, GROUPS, LOSS_MASK, REWARDS, TURN_IDS, register_algorithm
 from agentgym_rl.learner.algorithms.policy_gradient import GroupRelative, GroupRelativeParams, TurnCreditParams
 
 
@@ -30,7 +30,11 @@ class GRPO(GroupRelative):
     def estimate_advantages(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.config.credit == "turn":
             returns = self.turn_returns(batch, self.config.turn_gamma)  # (B, K)
-            per_turn = grpo_turn_advantages(returns, batch[GROUPS], self.config.adv_eps, self.config.normalize_std)
+            per_turn = grpo_turn_advantages(
+                returns, batch[GROUPS], self.config.adv_eps, self.config.normalize_std, batch[COUNTED]
+            )
             return spread_turns(per_turn, batch[TURN_IDS])  # (B, T)
-        per_episode = grpo_advantages(batch[REWARDS], batch[GROUPS], self.config.adv_eps, self.config.normalize_std)
+        per_episode = grpo_advantages(
+            batch[REWARDS], batch[GROUPS], self.config.adv_eps, self.config.normalize_std, batch[COUNTED]
+        )
         return per_episode[:, None] * batch[LOSS_MASK]  # (B, T)

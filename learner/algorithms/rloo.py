@@ -6,7 +6,7 @@ import torch
 from typing_extensions import override
 
 from agentgym_rl.learner.advantages import rloo_advantages, rloo_turn_advantages, spread_turns
-from agentgym_rl.learner.algorithms.base import GROUPS, LOSS_MASK, REWARDS, TURN_IDS, register_algorithm
+from agentgym_rl.learner.algorithms.base import COUNTED, GROUPS, LOSS_MASK, REWARDS, TURN_IDS, register_algorithm
 from agentgym_rl.learner.algorithms.policy_gradient import GroupRelative, GroupRelativeParams, TurnCreditParams
 
 
@@ -27,5 +27,5 @@ class RLOO(GroupRelative):
     def estimate_advantages(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.config.credit == "turn":
             returns = self.turn_returns(batch, self.config.turn_gamma)  # (B, K)
-            return spread_turns(rloo_turn_advantages(returns, batch[GROUPS]), batch[TURN_IDS])  # (B, T)
-        return rloo_advantages(batch[REWARDS], batch[GROUPS])[:, None] * batch[LOSS_MASK]  # (B, T)
+            return spread_turns(rloo_turn_advantages(returns, batch[GROUPS], batch[COUNTED]), batch[TURN_IDS])  # (B, T)
+        return rloo_advantages(batch[REWARDS], batch[GROUPS], batch[COUNTED])[:, None] * batch[LOSS_MASK]  # (B, T)

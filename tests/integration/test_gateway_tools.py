@@ -269,6 +269,7 @@ def test_an_agents_sdk_agent_trains_a_gateway_run_on_exactly_what_the_replica_sa
         "serve.engine=scripted-tools",
         "serve.num_cpus=0.5",
         f"serve.max_tokens={MAX_TOKENS}",
+        "serve.episodes.on_rewrite=mismatch",  # the edited episode is marked, never trained
         "logging.progress=false",
         f"run.dir={tmp_path}",
         "run.name=tools",

@@ -1,5 +1,6 @@
 """Episodes on the live endpoint (Ray Serve on 127.0.0.1, tiny-random): an agent using only the openai client
-tags its calls with an episode and posts its reward; the endpoint records the ids it sampled, token for token."""
+tags its calls with an episode and posts its reward; the endpoint records the ids it sampled, token for token.
+Histories the agent rewrites: tests/integration/test_serve_compaction.py."""
 
 from __future__ import annotations
 
@@ -142,21 +143,6 @@ def test_a_streamed_episode_records_what_the_same_calls_unstreamed_record(server
     assert [m["content"] for m in streamed.messages if m["role"] == "assistant"] == [
         m["content"] for m in streamed_history if m["role"] == "assistant"
     ]
-
-
-def test_an_edited_reply_is_reported_on_the_episode_and_never_trains(server):
-    opened = open_episode(server)
-    token = opened["token"]
-    history = play(server, token, turns=1)
-    history[2]["content"] = "pick up the ball"  # the client changed what its agent said
-    reply = client(server).chat.completions.create(
-        model=TINY_RANDOM, messages=history, max_tokens=MAX_TOKENS, user=f"episode:{token}"
-    )
-    assert reply.choices[0].message.content is not None  # still served
-    info = get(f"{server}/v1/episodes/{opened['id']}", headers={"X-Episode-Token": token}).json()
-    assert "turn 1's assistant reply differs" in info["mismatch"] and info["turns"] == 1
-    post(f"{server}/v1/episodes/{opened['id']}/reward", json={"reward": 1.0}, headers={"X-Episode-Token": token})
-    assert harvest() == []
 
 
 def bad_requests(url: str) -> dict[str, httpx.Response]:

@@ -39,7 +39,7 @@ def url(ray_local):
         max_queued_requests=0,
         max_n=1,
         kv_cache_tokens=ROWS * (PROMPT + LONG),
-        episodes=EpisodesConfig(max_open_per_client=PER_CLIENT),
+        episodes=EpisodesConfig(max_open_per_client=PER_CLIENT, on_rewrite="mismatch"),
     )
     start_server(ServeArgs(model=TINY_RANDOM, dtype="float32", serve=config))
     yield f"http://127.0.0.1:{port}"

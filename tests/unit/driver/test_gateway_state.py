@@ -6,7 +6,7 @@ import json
 
 from agentgym_rl.actors.rundir import RunDir
 from agentgym_rl.configs import Config
-from agentgym_rl.driver.modes.gateway import GatewayTrainer
+from agentgym_rl.driver.modes.gateway import GatewayTrainer, episodes_in, first_episodes
 from tests.factories import make_trajectory
 
 
@@ -41,3 +41,13 @@ def test_a_learner_restart_keeps_the_episodes_harvested_since_the_checkpoint(tmp
         "task-3": [episode(3, 1.0, 4), episode(3, 0.0, 6)],
         "task-9": [episode(9, 1.0, 6)],
     }
+
+
+def test_a_group_counts_episodes_and_takes_each_with_all_its_segments():
+    first, *later = [episode(3, 1.0, 4).model_copy(update={"segment": k}) for k in range(3)]
+    second, third = episode(3, 0.0, 4), episode(3, 0.5, 5)
+    waiting = [first, *later, second, third]
+    assert episodes_in(waiting) == 3
+    taken, rest = first_episodes(waiting, 2)
+    assert taken == [first, *later, second] and rest == [third]
+    assert first_episodes(waiting, 3) == (waiting, [])

@@ -48,6 +48,23 @@ def test_rloo_leave_one_out_by_hand():
     assert torch.allclose(rloo_advantages(rewards, groups), expected)
 
 
+def test_an_episodes_later_segments_share_its_advantage_and_are_not_counted_again():
+    # group 0 holds three episodes (rewards 1, 0, 0); the first also left two later segments (rows 3, 4)
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0])
+    groups = torch.tensor([0, 0, 0, 0, 0])
+    counted = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0])
+    episodes = grpo_advantages(rewards[:3], groups[:3], eps=0.0)
+    with_segments = grpo_advantages(rewards, groups, eps=0.0, counted=counted)
+    assert torch.allclose(with_segments, torch.cat([episodes, episodes[:1], episodes[:1]]))
+    assert not torch.allclose(grpo_advantages(rewards, groups, eps=0.0), with_segments)  # counted twice: skewed
+    loo = rloo_advantages(rewards[:3], groups[:3])
+    assert torch.allclose(rloo_advantages(rewards, groups, counted), torch.cat([loo, loo[:1], loo[:1]]))
+    returns = rewards[:, None].repeat(1, 2)  # (B, K): outcome rewards, no discount
+    per_turn = grpo_turn_advantages(returns, groups, eps=0.0, counted=counted)
+    assert torch.allclose(per_turn, with_segments[:, None].repeat(1, 2))
+    assert torch.allclose(rloo_turn_advantages(returns, groups, counted)[:, 0], torch.cat([loo, loo[:1], loo[:1]]))
+
+
 def test_discounted_returns_skip_environment_tokens():
     # gamma 0.5 per sampled token: G6 = 1, G5 = 0.5, G2 = 0.5 + 0.5 * 0.5 = 0.75, G1 = 0.375
     expected = torch.tensor([[0, 0.375, 0.75, 0, 0, 0.5, 1.0]])

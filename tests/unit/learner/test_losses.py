@@ -147,6 +147,7 @@ def _batch(truncated):
     return {
         "rewards": torch.tensor([1.0, 0.0, 1.0]),
         "groups": torch.tensor([0, 0, 0]),
+        "counted": torch.ones(3),
         "truncated": torch.tensor(truncated),
         "loss_mask": torch.ones(3, 2),
         "token_rewards": torch.tensor([[0.0, 1.0], [0.0, 0.0], [0.0, 1.0]]),

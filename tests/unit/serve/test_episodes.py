@@ -9,7 +9,7 @@ from agentgym_rl.actors.model_store import TINY_RANDOM, load_tokenizer
 from agentgym_rl.actors.tool_formats import HermesFormat, ToolChat
 from agentgym_rl.configs.schema import EpisodesConfig
 from agentgym_rl.envs.tools import Function, ToolCall
-from agentgym_rl.serve.episodes import EpisodeBook, Prepared, Refusal, token_of
+from agentgym_rl.serve.episodes import EpisodeBook, Prepared, Refusal, segment_rewards, token_of
 
 OPENING = [{"role": "system", "content": "You play a grid game."}, {"role": "user", "content": "You see a red ball."}]
 OBSERVATIONS = ["You moved forward.", "You see a wall."]
@@ -37,6 +37,13 @@ def clock():
 @pytest.fixture
 def book(clock):
     return EpisodeBook(TINY_RANDOM, EpisodesConfig(ttl_s=60, max_open=3), max_prompt_tokens=400, clock=clock)
+
+
+@pytest.fixture
+def mismatch_book(clock):
+    """A book that marks a rewritten history as a mismatch instead of beginning a segment."""
+    config = EpisodesConfig(ttl_s=60, max_open=3, on_rewrite="mismatch")
+    return EpisodeBook(TINY_RANDOM, config, max_prompt_tokens=400, clock=clock)
 
 
 def sampled(chat: ChatFormat, text: str) -> list[int]:
@@ -85,7 +92,8 @@ def test_a_recorded_episode_trains_on_exactly_the_ids_it_sampled(book, chat):
     assert book.stats()["harvested"] == 1 and book.episodes == {}
 
 
-def test_a_changed_reply_is_served_but_marks_the_episode_which_never_trains(book, chat):
+def test_a_changed_reply_is_served_but_marks_the_episode_which_never_trains(mismatch_book, chat):
+    book = mismatch_book
     token = book.open("babyai", 1, None, CLIENT)["token"]
     history = play(book, chat, token, ["go forward"])
     history[2] = {"role": "assistant", "content": "pick up the ball"}  # the client rewrote its agent's reply
@@ -230,6 +238,12 @@ def tool_book(clock):
     return EpisodeBook(TINY_RANDOM, EpisodesConfig(ttl_s=60), max_prompt_tokens=1000, clock=clock)
 
 
+@pytest.fixture
+def mismatch_tool_book(clock):
+    config = EpisodesConfig(ttl_s=60, on_rewrite="mismatch")
+    return EpisodeBook(TINY_RANDOM, config, max_prompt_tokens=1000, clock=clock)
+
+
 def reply_with(book: EpisodeBook, chat: ChatFormat, token: str, messages: list[dict], calls: list[ToolCall], turn: int):
     """The model writes ``calls`` (as hermes text, its ids the tokens of that text, as sampled); the book records
     the reply as the endpoint returns it; returns the assistant message a client echoes."""
@@ -327,7 +341,10 @@ def test_a_client_that_re_serialized_the_arguments_echoes_the_same_call(tool_boo
         ({"id": "call_zz"}, "call 1's id: 'call_zz' where the endpoint returned 'call_b1'"),
     ],
 )
-def test_a_client_that_changed_a_call_is_served_but_the_episode_never_trains(change, reason, tool_book, chat, tools):
+def test_a_client_that_changed_a_call_is_served_but_the_episode_never_trains(
+    change, reason, mismatch_tool_book, chat, tools
+):
+    tool_book = mismatch_tool_book
     token, history, last = tool_episode(tool_book, chat)
     edited = last[0].model_copy(update=change)
     history[-1] = {"role": "assistant", "content": None, "tool_calls": [edited]}
@@ -345,7 +362,8 @@ def test_a_client_that_changed_a_call_is_served_but_the_episode_never_trains(cha
     assert tool_book.harvest() == [] and tool_book.stats()["mismatched"] == 1
 
 
-def test_changed_tools_are_a_mismatch(tool_book, chat):
+def test_changed_tools_are_a_mismatch(mismatch_tool_book, chat):
+    tool_book = mismatch_tool_book
     token, history, last = tool_episode(tool_book, chat)
     fewer = tool_book.prepare(token, [*history, *results(last, "ok")], 16, call="c", functions=FUNCTIONS[:1])
     assert isinstance(fewer, Prepared) and not fewer.recorded
@@ -395,3 +413,87 @@ def test_a_forced_prefix_is_recorded_before_the_reply_and_never_trained_on(tool_
     [(_, trajectory)] = tool_book.harvest()
     assert trajectory.token_ids == prepared.prompt_ids + ids and trajectory.prompt_length == len(prepared.prompt_ids)
     assert trajectory.loss_mask == [0] * len(prepared.prompt_ids) + [1] * 3
+
+
+def reply(book: EpisodeBook, chat: ChatFormat, token: str, messages: list[dict], text: str, call: str, **kw) -> list:
+    """Prepare a call of ``messages``, record ``text`` as its sampled reply; returns the prompt ids."""
+    prepared = book.prepare(token, messages, max_new_tokens=16, call=call, **kw)
+    assert isinstance(prepared, Prepared) and prepared.recorded, prepared
+    ids = sampled(chat, text)
+    book.record(token, ids, [-0.5] * len(ids), version=1, capped=False, text=chat.decode_reply(ids), call=call)
+    return prepared.prompt_ids
+
+
+def test_a_compacted_history_begins_a_segment_and_each_trains_token_exact(book, chat):
+    token = book.open("babyai", 5, "task-5", CLIENT)["token"]
+    history = play(book, chat, token, ["go forward", "turn left"])
+    # the agent compacts: its history becomes the system prompt and a summary, then it goes on
+    summary = [OPENING[0], {"role": "user", "content": "So far: you moved and turned. You see a door."}]
+    prompt = reply(book, chat, token, summary, "open door", "compacted")
+    assert prompt == chat.prompt_ids(summary)  # the new segment's opening, rendered once
+    later = [*summary, {"role": "assistant", "content": chat.decode_reply(sampled(chat, "open door"))}]
+    later.append({"role": "user", "content": "The door opens."})
+    continued = reply(book, chat, token, later, "go through", "after")
+    assert continued == prompt + sampled(chat, "open door") + chat.continuation_ids(
+        sampled(chat, "open door"), "The door opens."
+    )
+    info = book.describe(token)
+    assert info["turns"] == 4 and info["mismatch"] is None
+    assert [(s["began_at_turn"], s["turns"]) for s in info["segments"]] == [(0, 2), (2, 2)]
+    assert info["segments"][0]["reason"] is None
+    assert info["segments"][1]["reason"].startswith("message 1 differs from what this episode recorded")
+    assert book.close(token, reward=1.0, rewards=None)["trainable"]
+    first, second = [trajectory for group, trajectory in book.harvest() if group == "task-5"]
+    assert (first.segment, second.segment) == (0, 1)
+    assert first.token_ids[: len(chat.prompt_ids(OPENING))] == chat.prompt_ids(OPENING)
+    assert first.messages == [*history[:-1]]  # what the model saw in the first segment
+    assert second.token_ids == continued + sampled(chat, "go through")
+    assert [i for i, m in enumerate(second.loss_mask) if m] == [i for a, b in second.turn_spans for i in range(a, b)]
+    # the outcome reaches both segments whole
+    assert first.step_rewards == [0.0, 1.0] and second.step_rewards == [0.0, 1.0]
+    assert first.reward == second.reward == 1.0 and book.stats()["segmented"] == 1
+
+
+def test_dropped_turns_and_changed_tools_begin_segments_and_an_abandoned_one_leaves_the_episode_as_it_was(
+    tool_book, chat
+):
+    token, _, _ = tool_episode(tool_book, chat)
+    before = tool_book.describe(token)
+    restarted = list(OPENING)  # the agent starts its sub-task over
+    prepared = tool_book.prepare(token, restarted, 16, call="restart", functions=FUNCTIONS)
+    assert isinstance(prepared, Prepared) and prepared.recorded
+    tool_book.abandon(token, call="restart")
+    assert tool_book.describe(token) == before
+    reply(tool_book, chat, token, restarted, "I will look.", "restart", functions=FUNCTIONS)
+    reason = tool_book.describe(token)["segments"][1]["reason"]
+    assert reason == "the history has 2 messages, the last 4 of the 6 recorded dropped", reason
+    again = [*restarted, {"role": "assistant", "content": "I will look."}, {"role": "user", "content": "Go."}]
+    reply(tool_book, chat, token, again, "ok", "fewer tools", functions=FUNCTIONS[:1])
+    segments = tool_book.describe(token)["segments"]
+    assert [s["began_at_turn"] for s in segments] == [0, 2, 3]
+    assert "the tools ['move_forward'] differ" in segments[2]["reason"]
+
+
+def test_per_turn_rewards_reach_each_segment_as_the_episode_return_from_its_turns():
+    assert segment_rewards([0.5, 0.0, 0.25, 1.0], [2, 1, 1]) == [[0.5, 1.25], [1.25], [1.0]]
+    assert segment_rewards([0.0, 0.0, 1.0], [3]) == [[0.0, 0.0, 1.0]]
+
+
+def test_a_rewritten_history_with_on_rewrite_mismatch_is_marked_and_never_trains(mismatch_book, chat):
+    token = mismatch_book.open("babyai", 5, None, CLIENT)["token"]
+    play(mismatch_book, chat, token, ["go forward", "turn left"])
+    summary = [OPENING[0], {"role": "user", "content": "So far: you moved and turned."}]
+    served = mismatch_book.prepare(token, summary, 16, call="compacted")
+    assert isinstance(served, Prepared) and not served.recorded
+    assert mismatch_book.describe(token)["mismatch"].startswith("message 1 differs")
+    mismatch_book.close(token, reward=1.0, rewards=None)
+    assert mismatch_book.harvest() == []
+
+
+def test_a_segment_cannot_begin_from_a_history_that_ends_with_a_reply(book, chat):
+    token = book.open("babyai", 5, None, CLIENT)["token"]
+    history = play(book, chat, token, ["go forward"])
+    refusal = book.prepare(token, [OPENING[0], {"role": "assistant", "content": "prefilled"}], 16, call="c")
+    assert isinstance(refusal, Refusal) and (refusal.status, refusal.code) == (409, "invalid_episode_call")
+    assert "ends with a user message or tool results" in refusal.message
+    assert isinstance(book.prepare(token, history, 16, call="next"), Prepared)
