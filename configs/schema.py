@@ -803,6 +803,18 @@ class ServeConfig(Section):
         description="`transformers` engine: bound on the running batch's key/value positions (rows x the longest "
         "row's prompt + max_tokens); a request waits until it fits. vLLM sizes its own paged cache.",
     )
+    prefix_cache_tokens: int = Field(
+        0,
+        ge=0,
+        description="`transformers` engine: key/value positions a replica keeps between an episode's calls (each "
+        "call's prefix, under its episode), so its next call prefills only the new turn; the least recently used "
+        "are dropped beyond it. 0: none kept. vLLM caches prefixes itself.",
+    )
+    episode_affinity: bool = Field(
+        True,
+        description="Route every call of an episode (tagged by the `X-Episode-Token` header) to the replica that "
+        "served its first call, where its prefix is cached; another replica only if that one is gone.",
+    )
     max_queued_requests: int = Field(
         64,
         ge=0,

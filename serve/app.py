@@ -11,6 +11,7 @@ import ray
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ray import serve
+from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
 from agentgym_rl.actors.adapters import is_policy_dir, policy_source, read_checked_adapter
@@ -33,6 +34,7 @@ from agentgym_rl.serve.deployment import (
 )
 from agentgym_rl.serve.policy_api import PolicyAPI
 from agentgym_rl.serve.routes import build_api
+from agentgym_rl.serve.routing import EpisodeAffinityRouter
 
 API_KEY_ENV = "AGENTGYM_RL_API_KEY"
 APP_NAME = "agentgym-rl"
@@ -158,6 +160,7 @@ class PolicyServer(PolicyModel):
             ),
             tool_format=tool_format,
             tool_template=tool_template,
+            replica=serve.get_replica_context().replica_id.unique_id,
         )
 
     async def ready(self) -> int:
@@ -197,6 +200,8 @@ def build_app(args: ServeArgs) -> serve.Application:
     scaling: dict = {"num_replicas": limits.num_replicas}
     if limits.autoscaling is not None:
         scaling = {"autoscaling_config": limits.autoscaling.model_dump()}
+    if limits.episode_affinity:
+        scaling["request_router_config"] = RequestRouterConfig(request_router_class=EpisodeAffinityRouter)
     model = serve.deployment(PolicyServer, name=MODEL_DEPLOYMENT).options(
         ray_actor_options={"num_cpus": limits.num_cpus, "num_gpus": replica_gpus(limits)},
         # Every request reaches a replica; its engine answers 429 beyond what it may hold.
@@ -218,6 +223,7 @@ def build_app(args: ServeArgs) -> serve.Application:
         torch_threads=limits.torch_threads,
         app_name=args.app_name,
         vllm=limits.vllm,
+        prefix_cache_tokens=limits.prefix_cache_tokens,
     )
 
 

@@ -497,6 +497,30 @@ class ActResponse(BaseModel):
     weights_version: int = Field(description="Weights version that produced the completion.")
 
 
+class ReplicaCache(BaseModel):
+    prefill_tokens: int = Field(0, description="Prompt ids the replica ran through the model.")
+    reused_tokens: int = Field(
+        0, description="Prompt ids it took from its prefix cache instead (`serve.prefix_cache_tokens`)."
+    )
+    requests: int = Field(description="Generations it served.")
+    prefix_hit_rate: float = Field(
+        description="reused / (reused + prefilled) prompt ids: the share of its prompts served from cache (0 before "
+        "any)."
+    )
+
+    @classmethod
+    def of(cls, counters: dict[str, int]) -> ReplicaCache:
+        """From a replica's reported counters (an engine without a prefix cache reports none)."""
+        prefilled, reused = counters.get("prefill_tokens", 0), counters.get("reused_tokens", 0)
+        total = prefilled + reused
+        return cls(
+            prefill_tokens=prefilled,
+            reused_tokens=reused,
+            requests=counters["requests"],
+            prefix_hit_rate=reused / total if total else 0.0,
+        )
+
+
 class PolicyInfo(BaseModel):
     model: str = Field(description="Served model id.")
     replica: str = Field(description="Id of the model replica that answered.")
@@ -512,6 +536,10 @@ class PolicyInfo(BaseModel):
         "requests (their client went away) and, for transformers, `steps`, `decoding_rows`, `kv_positions`, "
         "`prefill_tokens`; and the replica's routes' `tool_calls` (calls returned) and `unparsed_tool_calls` "
         "(replies that opened a call that did not parse, returned as text)."
+    )
+    replicas: dict[str, ReplicaCache] = Field(
+        description="Every replica's prefix-cache counters, by replica id, as each last reported them (after each "
+        "request it served)."
     )
 
 

@@ -88,6 +88,14 @@ class WeightsStore:
         self.latest: tuple[list[ray.ObjectRef], int | None] | None = None
         self.changed = asyncio.Condition()
         self.served = False
+        self.caches: dict[str, dict[str, int]] = {}  # each replica's last prefix-cache counters
+
+    async def report(self, replica: str, counters: dict[str, int]) -> None:
+        """Keep ``replica``'s prefix-cache counters (sent after each of its requests)."""
+        self.caches[replica] = counters
+
+    async def cache_reports(self) -> dict[str, dict[str, int]]:
+        return self.caches
 
     async def mark_served(self) -> None:
         self.served = True
@@ -111,6 +119,11 @@ class WeightsStore:
                 except TimeoutError:
                     return None
             return self.latest
+
+
+# The engine counters /v1/policy shows per replica: prompt ids run through the model, and those reused from the
+# prefix cache (the transformers engine's; vLLM's own prefix cache reports none).
+CACHE_COUNTERS = ("prefill_tokens", "reused_tokens")
 
 
 @dataclass(frozen=True)
@@ -146,6 +159,7 @@ def build_engine(
     max_kv_tokens: int,
     max_requests: int,
     vllm: VLLMConfig | None = None,
+    max_cached_tokens: int = 0,
 ) -> ServingEngine:
     """The serving engine of a replica, with the source's stop and pad ids."""
     name, adapter = policy_source(source)
@@ -162,6 +176,7 @@ def build_engine(
         max_kv_tokens=max_kv_tokens,
         max_requests=max_requests,
         vllm=vllm,
+        max_cached_tokens=max_cached_tokens,
     )
 
 
@@ -190,6 +205,7 @@ class PolicyModel:
             ``AGENTGYM_RL_TORCH_THREADS`` where set).
         app_name: Serve application name (names the weights store).
         vllm: the vLLM engine's settings (``serve.vllm``).
+        prefix_cache_tokens: key/value positions kept between an episode's calls (transformers engine).
     """
 
     def __init__(
@@ -205,6 +221,7 @@ class PolicyModel:
         torch_threads: int | None,
         app_name: str,
         vllm: VLLMConfig | None = None,
+        prefix_cache_tokens: int = 0,
     ) -> None:
         hide_unreserved_gpus()
         torch.set_num_threads(torch_threads or capped(default_torch_threads(os.cpu_count() or 1)))
@@ -212,6 +229,7 @@ class PolicyModel:
         self.engine_name = engine
         self.iteration: int | None = None
         self.updates = 0
+        self.requests = 0  # generations this replica served
         self.store = shared_actor(WeightsStore, store_name(app_name))
         self.load_lock = asyncio.Lock()
         self.catch_up: asyncio.Task | None = None
@@ -226,6 +244,7 @@ class PolicyModel:
             max_kv_tokens=kv_cache_tokens,
             max_requests=max_batch_size + max_queued_requests,
             vllm=vllm,
+            max_cached_tokens=prefix_cache_tokens,
         )
         self.engine: ServingEngine | None = None
         loader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-load")
@@ -309,14 +328,17 @@ class PolicyModel:
         logprobs: dict[int, list[float]] = {c: [] for c in range(request.n)}
         tops: dict[int, list[tuple[tuple[int, float], ...]]] = {c: [] for c in range(request.n)}
         reasons: dict[int, Literal["stop", "length"]] = {}
-        async with self.engine.open(request) as stream:
-            async for deltas in stream:
-                for delta in deltas:
-                    tokens[delta.choice].extend(delta.token_ids)
-                    logprobs[delta.choice].extend(delta.logprobs)
-                    tops[delta.choice].extend(delta.top_logprobs)
-                    if delta.finish_reason is not None:
-                        reasons[delta.choice] = delta.finish_reason
+        try:
+            async with self.engine.open(request) as stream:
+                async for deltas in stream:
+                    for delta in deltas:
+                        tokens[delta.choice].extend(delta.token_ids)
+                        logprobs[delta.choice].extend(delta.logprobs)
+                        tops[delta.choice].extend(delta.top_logprobs)
+                        if delta.finish_reason is not None:
+                            reasons[delta.choice] = delta.finish_reason
+        finally:
+            self.report_cache()
         return GenerateResult(
             choices=[ChoiceResult(tokens[c], logprobs[c], tops[c], reasons[c]) for c in range(request.n)],
             weights_version=stream.weights_version,
@@ -326,14 +348,27 @@ class PolicyModel:
         """A :class:`StreamStart`, then the request's deltas as they are sampled. The caller cancelling
         (its client went away) frees the request's rows at the next step."""
         await self._ensure_following()
-        async with self.engine.open(request) as stream:
-            yield StreamStart(stream.weights_version)
-            async for deltas in stream:
-                yield deltas
+        try:
+            async with self.engine.open(request) as stream:
+                yield StreamStart(stream.weights_version)
+                async for deltas in stream:
+                    yield deltas
+        finally:
+            self.report_cache()
+
+    def report_cache(self) -> None:
+        """Send this replica's prefix-cache counters to the weights store, which ``/v1/policy`` reads every
+        replica's from (not awaited: a request never waits for it)."""
+        stats = self.engine.stats
+        counters = {key: value for key, value in stats.items() if key in CACHE_COUNTERS}
+        self.requests += 1
+        self.store.report.remote(
+            serve.get_replica_context().replica_id.unique_id, {**counters, "requests": self.requests}
+        )
 
     async def policy(self) -> dict:
         """Replica id, engine, weights version, training iteration, source, torch threads and engine counters of
-        this replica."""
+        this replica, and every replica's last prefix-cache counters."""
         await self._ensure_following()
         return {
             "replica": serve.get_replica_context().replica_id.unique_id,
@@ -344,4 +379,5 @@ class PolicyModel:
             "updates": self.updates,
             "torch_threads": torch.get_num_threads(),
             "stats": self.engine.stats,
+            "replicas": await self.store.cache_reports.remote(),
         }

@@ -178,6 +178,8 @@ class PolicyAPI:
             endpoint records no episodes (404 on the episode routes).
         tool_format: how tool calls are written in text (``model.tool_format``).
         tool_template: what renders a prompt with functions (``model.tool_template``).
+        replica: the id of the replica these routes run in, sent with every response (``X-Replica``); None:
+            none sent.
     """
 
     def __init__(
@@ -191,8 +193,10 @@ class PolicyAPI:
         episodes: Any = None,
         tool_format: str = "hermes",
         tool_template: ToolTemplate = "auto",
+        replica: str | None = None,
     ) -> None:
         self.policy = policy
+        self.replica = replica
         self.episodes = episodes
         self.model_id = model_id
         self.limits = limits
@@ -429,7 +433,9 @@ class PolicyAPI:
                 prefix_ids=prefix_ids,
             )
             prepared = answered(await prepare)
-            request = CompletionRequest(prompt_ids=prepared.prompt_ids, params=params, seed=seed)
+            # Keyed by the episode: an engine with a prefix cache keeps this call's prefix for the episode's next.
+            key = split_token(token)[0]
+            request = CompletionRequest(prompt_ids=prepared.prompt_ids, params=params, seed=seed, key=key)
             recording = recorder if prepared.recorded else None  # a call served from the client's text records none
             recorder.done = recording is None
             return await answer(request, recording)

@@ -12,6 +12,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentgym_rl.actors.engines import CompletionRequest
 from agentgym_rl.envs import InvalidAction
@@ -32,6 +33,7 @@ from agentgym_rl.serve.bodies import (
     ModelCard,
     ModelList,
     PolicyInfo,
+    ReplicaCache,
 )
 from agentgym_rl.serve.completions import CompletionsAPI, CompletionsRequest, TextCompletion
 from agentgym_rl.serve.episodes import token_of
@@ -164,10 +166,33 @@ DECLARED_BY_HAND: tuple[type[BaseModel], ...] = (
 )
 
 
+class ReplicaHeader:
+    """ASGI middleware: every HTTP response says which replica answered (``X-Replica``), so a client can see that
+    an episode's calls stay on one (``serve.episode_affinity``). It only adds a header to the response's start:
+    streamed bodies pass through untouched."""
+
+    def __init__(self, app: ASGIApp, replica: str) -> None:
+        self.app, self.header = app, (b"x-replica", replica.encode())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def tagged(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), self.header]}
+            await send(message)
+
+        await self.app(scope, receive, tagged)
+
+
 def build_api(api: PolicyAPI) -> FastAPI:
     """The FastAPI app of one ingress replica; every route except /healthz needs the API key when one is set."""
     app = FastAPI(title="agentgym-rl policy", version="1")
     install_error_handlers(app)
+    if api.replica is not None:
+        app.add_middleware(ReplicaHeader, replica=api.replica)
     authorised = [Depends(api.check_key)]
     # Every route can also answer 500 (anything unexpected), and every route but /healthz 401.
     keyed = (401, 500)
@@ -201,7 +226,10 @@ def build_api(api: PolicyAPI) -> FastAPI:
     async def policy() -> PolicyInfo:
         await api.require_model()
         info = await api.policy.policy()
-        return PolicyInfo(model=api.model_id, **{**info, "stats": {**info["stats"], **api.counters}})
+        replicas = {replica: ReplicaCache.of(counters) for replica, counters in info["replicas"].items()}
+        return PolicyInfo(
+            model=api.model_id, **{**info, "stats": {**info["stats"], **api.counters}, "replicas": replicas}
+        )
 
     @app.post(
         "/v1/chat/completions",

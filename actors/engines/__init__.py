@@ -86,6 +86,7 @@ def make_serving_engine(
     max_requests: int,
     adapter: str | None = None,
     vllm: VLLMConfig | None = None,
+    max_cached_tokens: int = 0,
 ) -> ServingEngine:
     """Create the serving form of engine ``name`` (``Engine.build_serving``): for ``transformers`` continuous
     batching over the sampler's decode step, for ``vllm`` vLLM's own asynchronous engine.
@@ -96,6 +97,8 @@ def make_serving_engine(
         max_kv_tokens: transformers: bound on the running batch's key/value positions; vLLM sizes its
             paged cache from the GPU memory it is given.
         max_requests: requests in flight (decoding or waiting) beyond which new ones are refused.
+        max_cached_tokens: transformers: key/value positions kept between the calls of a keyed request's episode
+            (its prefix cache; 0: none).
 
     Raises:
         UnknownEngineError: ``name`` is not a known engine.
@@ -110,6 +113,7 @@ def make_serving_engine(
         pad_token_id=pad_token_id,
         adapter=adapter,
         vllm=vllm or VLLMConfig(),
+        max_cached_tokens=max_cached_tokens,
     )
     return engine_class(name).build_serving(
         spec, max_rows=max_rows, max_kv_tokens=max_kv_tokens, max_requests=max_requests

@@ -112,6 +112,7 @@ class ContinuousBatcher(ServingEngine):
             "waiting": len(self.waiting) + self.blocked,
             "decoding_rows": len(self.batch.rows),
             "kv_positions": len(self.batch.rows) * self.batch.width,
+            "reused_tokens": self.engine.counters["reused_tokens"],
         }
 
     def check(self, request: CompletionRequest) -> None:
