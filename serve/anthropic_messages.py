@@ -24,7 +24,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from agentgym_rl.actors.engines import ChoiceDelta, CompletionRequest, SamplingParams
-from agentgym_rl.envs.tools import ToolCall, function_named
+from agentgym_rl.envs.tools import ToolCall
 from agentgym_rl.serve.anthropic_bodies import (
     AssistantTurn,
     MessageOut,
@@ -141,36 +141,18 @@ class MessagesAPI:
         )
 
     def tool_use(self, body: MessagesRequest) -> ToolUse:
-        """What ``body``'s tools ask of the generation: ``auto`` reads calls, ``none`` returns text, ``any`` puts
-        the format's call opening at the reply's start, ``tool`` the opening and the tool's name.
-
-        Raises:
-            APIError: 400 for ``any`` or ``tool`` without tools, or ``tool`` naming no tool among them.
-        """
-        functions = [tool.function() for tool in body.tools or ()]
+        """What ``body``'s tools ask of the generation (:meth:`PolicyAPI.choose_tools`): ``auto`` and ``none`` as
+        named, ``any`` a compulsory call, ``tool`` a call of the tool it names; calls get ids ``toolu_<hex>``."""
         choice = body.tool_choice
         kind = "auto" if choice is None else choice.type
-        parallel = not getattr(choice, "disable_parallel_tool_use", False)
-        if kind in ("auto", "none"):
-            return ToolUse(
-                functions, parse=bool(functions) and kind == "auto", parallel=parallel, call_ids=new_tool_use_id
-            )
-        if not functions:
-            raise APIError(
-                400,
-                f"tool_choice {kind!r} makes a call compulsory but the request offers no `tools`",
-                param="tool_choice",
-            )
-        name = getattr(choice, "name", None)
-        if name is not None and function_named(functions, name) is None:
-            offered = ", ".join(f.name for f in functions)
-            raise APIError(
-                400,
-                f"tool_choice names tool {name!r}, which is not among `tools` ({offered})",
-                param="tool_choice.name",
-            )
-        prefix = self.api.format.call_prefix(name)
-        return ToolUse(functions, parse=True, prefix=prefix, parallel=parallel, call_ids=new_tool_use_id)
+        return self.api.choose_tools(
+            [tool.function() for tool in body.tools or ()],
+            kind if kind in ("auto", "none") else "forced",
+            name=getattr(choice, "name", None),
+            parallel=not getattr(choice, "disable_parallel_tool_use", False),
+            name_param="tool_choice.name",
+            call_ids=new_tool_use_id,
+        )
 
     async def respond(self, request: Request, body: MessagesRequest) -> MessageOut | StreamingResponse:
         """The reply to ``body``: a message, or its event stream; a call of an episode is recorded."""

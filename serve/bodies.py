@@ -6,6 +6,7 @@ import json
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -97,22 +98,26 @@ class UserMessage(Body):
     name: str | None = Field(None, description="Accepted for OpenAI compatibility; not shown to the model.")
 
 
+def json_object_text(arguments: str) -> str:
+    """``arguments`` when it is a JSON object encoded as a string, as a call's arguments are sent (else a
+    validation error saying so)."""
+    try:
+        parsed = json.loads(arguments)
+    except ValueError as exc:
+        raise ValueError(f"a call's arguments must be a JSON object encoded as a string; not JSON ({exc})") from None
+    if isinstance(parsed, dict):
+        return arguments
+    raise ValueError(f"a call's arguments must be a JSON object encoded as a string, got {arguments!r:.100}")
+
+
+ArgumentsText = Annotated[str, AfterValidator(json_object_text)]
+
+
 class FunctionCallBody(Body):
     name: str = Field(description="The function called.")
-    arguments: str = Field(description="The arguments: a JSON object, encoded as a string (as the endpoint sent it).")
-
-    @field_validator("arguments")
-    @classmethod
-    def _json_object(cls, arguments: str) -> str:
-        try:
-            parsed = json.loads(arguments)
-        except ValueError as exc:
-            raise ValueError(
-                f"a call's arguments must be a JSON object encoded as a string; not JSON ({exc})"
-            ) from None
-        if isinstance(parsed, dict):
-            return arguments
-        raise ValueError(f"a call's arguments must be a JSON object encoded as a string, got {arguments!r:.100}")
+    arguments: ArgumentsText = Field(
+        description="The arguments: a JSON object, encoded as a string (as the endpoint sent it)."
+    )
 
 
 class ToolCallBody(Body):

@@ -63,6 +63,7 @@ from agentgym_rl.serve.tool_replies import (
     ToolReplyText,
     ToolUse,
     argument_pieces,
+    new_call_id,
     tool_reply,
 )
 
@@ -318,32 +319,50 @@ class PolicyAPI:
         return CompletionRequest(prompt_ids=prompt, params=params, n=body.n or 1, seed=body.seed)
 
     def tool_use(self, body: ChatCompletionRequest) -> ToolUse:
-        """What ``body``'s tools ask of the generation (see :class:`ToolUse`).
+        """What ``body``'s tools ask of the generation (see :meth:`choose_tools`): ``tool_choice`` ``auto`` or
+        ``none``, ``required``, or a named function."""
+        choice = body.tool_choice or "auto"
+        named = isinstance(choice, NamedToolChoice)
+        return self.choose_tools(
+            functions_of(body),
+            "forced" if named or choice == "required" else choice,
+            name=choice.function.name if named else None,
+            parallel=body.parallel_tool_calls is not False,
+            name_param="tool_choice.function.name",
+        )
+
+    def choose_tools(
+        self,
+        functions: list[Function],
+        kind: Literal["auto", "none", "forced"],
+        *,
+        name: str | None = None,
+        parallel: bool = True,
+        name_param: str,
+        call_ids: Callable[[int], str] = new_call_id,
+    ) -> ToolUse:
+        """What a request's tools ask of its generation, whichever API it speaks (see :class:`ToolUse`): ``auto``
+        reads calls where there are functions, ``none`` returns text, ``forced`` puts the format's call opening at
+        the reply's start (with ``name``'s name when given); ``call_ids`` names the calls in the API's form.
 
         Raises:
-            APIError: 400 for a ``tool_choice`` that makes a call compulsory without tools, or names a function
-                that is not among them.
+            APIError: 400 for a forced call without functions, or a ``name`` that is not among them (``name_param``
+                says where the request gave it).
         """
-        functions = functions_of(body)
-        choice = body.tool_choice or "auto"
-        parallel = body.parallel_tool_calls is not False
-        if choice in ("none", "auto"):
-            return ToolUse(functions, parse=bool(functions) and choice == "auto", parallel=parallel)
+        if kind != "forced":
+            return ToolUse(functions, parse=bool(functions) and kind == "auto", parallel=parallel, call_ids=call_ids)
         if not functions:
             raise APIError(
                 400, "tool_choice makes a call compulsory but the request offers no `tools`", param="tool_choice"
             )
-        name = None
-        if isinstance(choice, NamedToolChoice):
-            name = choice.function.name
-            if function_named(functions, name) is None:
-                offered = ", ".join(f.name for f in functions)
-                raise APIError(
-                    400,
-                    f"tool_choice names function {name!r}, which is not among `tools` ({offered})",
-                    param="tool_choice.function.name",
-                )
-        return ToolUse(functions, parse=True, prefix=self.format.call_prefix(name), parallel=parallel)
+        if name is not None and function_named(functions, name) is None:
+            offered = ", ".join(f.name for f in functions)
+            raise APIError(
+                400, f"tool_choice names function {name!r}, which is not among `tools` ({offered})", param=name_param
+            )
+        return ToolUse(
+            functions, parse=True, prefix=self.format.call_prefix(name), parallel=parallel, call_ids=call_ids
+        )
 
     @property
     def format(self) -> ToolFormat:

@@ -26,7 +26,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from agentgym_rl.actors.engines import ChoiceDelta, CompletionRequest, SamplingParams
-from agentgym_rl.envs.tools import ToolCall, function_named
+from agentgym_rl.envs.tools import ToolCall
 from agentgym_rl.serve.deployment import StreamStart
 from agentgym_rl.serve.episodes import token_of
 from agentgym_rl.serve.errors import APIError
@@ -116,30 +116,16 @@ class ResponsesAPI:
         )
 
     def tool_use(self, body: ResponsesRequest) -> ToolUse:
-        """What ``body``'s tools ask of the generation: ``auto`` reads calls, ``none`` returns text, ``required``
-        puts the format's call opening at the reply's start, a named function the opening and its name.
-
-        Raises:
-            APIError: 400 for ``required`` or a named function without tools, or a name that is not among them.
-        """
-        functions = [tool.function() for tool in body.tools or ()]
+        """What ``body``'s tools ask of the generation (:meth:`PolicyAPI.choose_tools`): ``auto`` and ``none`` as
+        named, ``required`` a compulsory call, a named function a call of it."""
         choice = body.tool_choice or "auto"
-        parallel = body.parallel_tool_calls is not False
-        if choice in ("auto", "none"):
-            return ToolUse(functions, parse=bool(functions) and choice == "auto", parallel=parallel)
-        if not functions:
-            raise APIError(
-                400, "tool_choice makes a call compulsory but the request offers no `tools`", param="tool_choice"
-            )
-        name = None if isinstance(choice, str) else choice.name
-        if name is not None and function_named(functions, name) is None:
-            offered = ", ".join(f.name for f in functions)
-            raise APIError(
-                400,
-                f"tool_choice names function {name!r}, which is not among `tools` ({offered})",
-                param="tool_choice.name",
-            )
-        return ToolUse(functions, parse=True, prefix=self.api.format.call_prefix(name), parallel=parallel)
+        return self.api.choose_tools(
+            [tool.function() for tool in body.tools or ()],
+            choice if choice in ("auto", "none") else "forced",
+            name=None if isinstance(choice, str) else choice.name,
+            parallel=body.parallel_tool_calls is not False,
+            name_param="tool_choice.name",
+        )
 
     async def respond(self, request: Request, body: ResponsesRequest) -> ResponseOut | StreamingResponse:
         """The reply to ``body``: a response, or its event stream; a call of an episode is recorded."""

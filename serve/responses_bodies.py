@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, field_validator
 
-from agentgym_rl.serve.bodies import Body, FunctionSpec, OptionalWholeNumber, distinct_names
+from agentgym_rl.serve.bodies import ArgumentsText, Body, FunctionSpec, OptionalWholeNumber, distinct_names
 
 STATELESS = (
     "this endpoint stores no responses or conversations (it is stateless): send the whole conversation as `input`"
@@ -88,22 +88,9 @@ class FunctionCallItem(Body):
     type: Literal["function_call"] = Field(description="A call an earlier reply made, as the endpoint returned it.")
     call_id: str = Field(description="The call's id (`call_...`), which the `function_call_output` answering it names.")
     name: str = Field(description="The function called.")
-    arguments: str = Field(description="The arguments: a JSON object, encoded as a string.")
+    arguments: ArgumentsText = Field(description="The arguments: a JSON object, encoded as a string.")
     id: str | None = Field(None, description="The item's id (`fc_...`); accepted and ignored.")
     status: ItemStatus | None = Field(None, description="Accepted and ignored.")
-
-    @field_validator("arguments")
-    @classmethod
-    def _json_object(cls, arguments: str) -> str:
-        try:
-            parsed = json.loads(arguments)
-        except ValueError as exc:
-            raise ValueError(
-                f"a call's arguments must be a JSON object encoded as a string; not JSON ({exc})"
-            ) from None
-        if isinstance(parsed, dict):
-            return arguments
-        raise ValueError(f"a call's arguments must be a JSON object encoded as a string, got {arguments!r:.100}")
 
     def parsed_arguments(self) -> dict[str, Any]:
         return json.loads(self.arguments)

@@ -184,6 +184,34 @@ def test_bad_requests_get_anthropics_error_shape_and_status(server, client):
     assert chat.status_code == 400 and "param" in chat.json()["error"]
 
 
+def assert_replayed(trajectory, functions: list[Function], turns: list[list[dict]]) -> None:
+    """``trajectory`` (rewarded 1.0) is the replay: the opening (system, first user turn, tools) rendered once,
+    then per call the scripted engine's reply to the ids so far, and after each reply but the last the next
+    call's turn (``turns[i]``: its tool results, maybe a user message) appended as the turn's continuation;
+    nothing is rendered twice."""
+    tokenizer = load_tokenizer(TINY_RANDOM)
+    tools = ToolChat(ChatFormat(tokenizer), tool_format("hermes"), "auto")
+    engine = ScriptedServing(
+        EngineSpec(
+            model_name=TINY_RANDOM, dtype="float32", seed=0, stop_token_ids=[tokenizer.eos_token_id], pad_token_id=0
+        ),
+        max_requests=1,
+    )
+    opening = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": script(f"Moving.\n{MOVE_LEFT}")}]
+    ids = tools.prompt_ids(opening, functions)
+    spans = []
+    for turn in range(len(turns) + 1):
+        sampled = engine.reply_ids(ids)
+        spans.append((len(ids), len(ids) + len(sampled)))
+        ids = ids + sampled
+        if turn < len(turns):
+            ids = ids + tools.continuation_ids(sampled, turns[turn])
+    assert trajectory.token_ids == ids
+    assert trajectory.turn_spans == spans
+    assert [i for i, m in enumerate(trajectory.loss_mask) if m] == [i for s, e in spans for i in range(s, e)]
+    assert trajectory.reward == 1.0
+
+
 def harvest() -> list:
     return ray.get(ray.get_actor(episodes_name(APP_NAME), namespace=STORE_NAMESPACE).harvest.remote())
 
@@ -231,36 +259,17 @@ def test_an_episode_played_through_the_messages_api_trains_on_exactly_the_ids_th
     assert closed["turns"] == 3 and closed["trainable"], closed
 
     [trajectory] = [t for g, t in harvest() if g == "messages"]
-    # The replay: the opening (system, first user turn, tools) rendered once, then per call the engine's reply to
-    # the ids so far and the tool results appended as the turn's continuation; nothing is rendered twice.
-    tokenizer = load_tokenizer(TINY_RANDOM)
-    tools = ToolChat(ChatFormat(tokenizer), tool_format("hermes"), "auto")
-    engine = ScriptedServing(
-        EngineSpec(
-            model_name=TINY_RANDOM, dtype="float32", seed=0, stop_token_ids=[tokenizer.eos_token_id], pad_token_id=0
-        ),
-        max_requests=1,
-    )
     functions = [Function(name=t["name"], description=t["description"], parameters=t["input_schema"]) for t in TOOLS]
-    opening = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": script(f"Moving.\n{MOVE_LEFT}")}]
-    ids = tools.prompt_ids(opening, functions)
-    spans = []
-    for turn, reply in enumerate(replies):
-        sampled = engine.reply_ids(ids)
-        spans.append((len(ids), len(ids) + len(sampled)))
-        ids = ids + sampled
-        if turn < 2:
-            results_turn = [
-                {"role": "tool", "tool_call_id": b.id, "content": results[turn]}
-                for b in reply.content
-                if b.type == "tool_use"
-            ]
-            note = [{"role": "user", "content": NOTE}] if turn == 1 else []
-            ids = ids + tools.continuation_ids(sampled, results_turn + note)
-    assert trajectory.token_ids == ids
-    assert trajectory.turn_spans == spans
-    assert [i for i, m in enumerate(trajectory.loss_mask) if m] == [i for s, e in spans for i in range(s, e)]
-    assert trajectory.reward == 1.0
+    turns = [
+        [
+            {"role": "tool", "tool_call_id": b.id, "content": results[turn]}
+            for b in reply.content
+            if b.type == "tool_use"
+        ]
+        for turn, reply in enumerate(replies[:2])
+    ]
+    turns[1].append({"role": "user", "content": NOTE})
+    assert_replayed(trajectory, functions, turns)
 
 
 # ------------------------------------------------------------------------------------------- the Responses API
@@ -438,33 +447,14 @@ def test_an_episode_played_through_the_responses_api_trains_on_exactly_the_ids_t
     assert closed["turns"] == 3 and closed["trainable"], closed
 
     [trajectory] = [t for g, t in harvest() if g == "responses"]
-    # The replay, as for the Messages API: the opening rendered once, then per call the engine's reply to the ids
-    # so far and the function call outputs (and the note) appended as the turn's continuation.
-    tokenizer = load_tokenizer(TINY_RANDOM)
-    tools = ToolChat(ChatFormat(tokenizer), tool_format("hermes"), "auto")
-    engine = ScriptedServing(
-        EngineSpec(
-            model_name=TINY_RANDOM, dtype="float32", seed=0, stop_token_ids=[tokenizer.eos_token_id], pad_token_id=0
-        ),
-        max_requests=1,
-    )
     functions = [Function(name=t["name"], description=t["description"], parameters=t["parameters"]) for t in FUNCTIONS]
-    opening = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": script(f"Moving.\n{MOVE_LEFT}")}]
-    ids = tools.prompt_ids(opening, functions)
-    spans = []
-    for turn, reply in enumerate(replies):
-        sampled = engine.reply_ids(ids)
-        spans.append((len(ids), len(ids) + len(sampled)))
-        ids = ids + sampled
-        if turn < 2:
-            outputs = [
-                {"role": "tool", "tool_call_id": item.call_id, "content": results[turn]}
-                for item in reply.output
-                if item.type == "function_call"
-            ]
-            note = [{"role": "user", "content": NOTE}] if turn == 1 else []
-            ids = ids + tools.continuation_ids(sampled, outputs + note)
-    assert trajectory.token_ids == ids
-    assert trajectory.turn_spans == spans
-    assert [i for i, m in enumerate(trajectory.loss_mask) if m] == [i for s, e in spans for i in range(s, e)]
-    assert trajectory.reward == 1.0
+    turns = [
+        [
+            {"role": "tool", "tool_call_id": item.call_id, "content": results[turn]}
+            for item in reply.output
+            if item.type == "function_call"
+        ]
+        for turn, reply in enumerate(replies[:2])
+    ]
+    turns[1].append({"role": "user", "content": NOTE})
+    assert_replayed(trajectory, functions, turns)

@@ -13,13 +13,13 @@ import ray
 import torch
 
 from agentgym_rl.actors.chat import ChatFormat
-from agentgym_rl.actors.engines import make_engine
 from agentgym_rl.actors.engines.serving import choice_seed, seeded_generator
 from agentgym_rl.actors.model_store import TINY_RANDOM, load_tokenizer
 from agentgym_rl.actors.weight_sync import free_port
 from agentgym_rl.configs.schema import EpisodesConfig, SamplingConfig, ServeConfig
 from agentgym_rl.serve.app import APP_NAME, ServeArgs, start_server, stop_server
 from agentgym_rl.serve.deployment import STORE_NAMESPACE, episodes_name
+from tests.integration.test_serve_episodes import replay_engine
 
 MAX_TOKENS = 12
 post = functools.partial(httpx.post, timeout=120)
@@ -92,14 +92,7 @@ def test_a_compacted_episode_trains_as_two_segments_each_token_exact(server):
     # Replay the replica's seeded samples on a local engine from the prompts the book should build: each
     # segment's opening rendered once, then every sampled reply followed by its observation's continuation.
     chat = ChatFormat(load_tokenizer(TINY_RANDOM))
-    engine = make_engine(
-        "transformers",
-        model_name=TINY_RANDOM,
-        dtype="float32",
-        seed=0,
-        stop_token_ids=[chat.tokenizer.eos_token_id],
-        pad_token_id=chat.tokenizer.pad_token_id,
-    )
+    engine = replay_engine(chat)
     sampling = SamplingConfig(max_new_tokens=MAX_TOKENS)
     segments = [(first, OPENING, OBSERVATIONS[:3], 0), (second, SUMMARY, OBSERVATIONS[4:], 4)]
     for (trajectory, opening, observations, first_turn), history in zip(segments, histories, strict=True):

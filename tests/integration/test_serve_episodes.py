@@ -14,7 +14,7 @@ import ray
 import torch
 
 from agentgym_rl.actors.chat import ChatFormat
-from agentgym_rl.actors.engines import make_engine
+from agentgym_rl.actors.engines import Engine, make_engine
 from agentgym_rl.actors.engines.serving import choice_seed, seeded_generator
 from agentgym_rl.actors.model_store import TINY_RANDOM, load_tokenizer
 from agentgym_rl.actors.weight_sync import free_port
@@ -76,6 +76,18 @@ def harvest(app: str = APP_NAME) -> list:
     return ray.get(ray.get_actor(episodes_name(app), namespace=STORE_NAMESPACE).harvest.remote())
 
 
+def replay_engine(chat: ChatFormat) -> Engine:
+    """A local engine of the replica's model, to replay the replica's seeded samples."""
+    return make_engine(
+        "transformers",
+        model_name=TINY_RANDOM,
+        dtype="float32",
+        seed=0,
+        stop_token_ids=[chat.tokenizer.eos_token_id],
+        pad_token_id=chat.tokenizer.pad_token_id,
+    )
+
+
 def test_the_ids_recorded_are_the_ids_the_replica_sampled_token_for_token(server):
     opened = open_episode(server, group="task-5")
     token = opened["token"]
@@ -91,14 +103,7 @@ def test_the_ids_recorded_are_the_ids_the_replica_sampled_token_for_token(server
     # Replay the same seeded samples on a local engine from the prompts the book should have built: the
     # opening's ids, then each sampled reply followed by its continuation, never the re-rendered history.
     chat = ChatFormat(load_tokenizer(TINY_RANDOM))
-    engine = make_engine(
-        "transformers",
-        model_name=TINY_RANDOM,
-        dtype="float32",
-        seed=0,
-        stop_token_ids=[chat.tokenizer.eos_token_id],
-        pad_token_id=chat.tokenizer.pad_token_id,
-    )
+    engine = replay_engine(chat)
     ids, previous = chat.prompt_ids(OPENING), None
     sampling = SamplingConfig(max_new_tokens=MAX_TOKENS)
     for turn in range(3):
