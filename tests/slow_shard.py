@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 TIMES = Path(__file__).with_name("slow_times.json")
-SHARD_BUDGET_S = 450.0  # one shard's tests, run one after another; on three workers about 2.5 min of the CI run
+SHARD_BUDGET_S = 375.0  # one shard's tests, run one after another; on three workers about 2 min of the CI run
 UNKNOWN_S = 120.0  # a slow test with no measured time yet
 
 

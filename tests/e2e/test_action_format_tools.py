@@ -58,7 +58,6 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.ci
 def test_train_plays_every_env_by_calls_and_the_oracle_written_as_calls_wins(run: Path):
     demos = lines(run / "trajectories" / "iter_000000.jsonl")
     assert sorted(d["env"] for d in demos) == sorted(ENVS)

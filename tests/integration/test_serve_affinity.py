@@ -72,6 +72,7 @@ def hit_rate(replicas: dict) -> float:
     return reused / (reused + sum(counters["prefill_tokens"] for counters in replicas.values()))
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("ray_local")
 def test_each_episode_stays_on_one_replica_and_more_of_its_prompts_come_from_cache():
     served, replicas = run(affinity=True)
