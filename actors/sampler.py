@@ -111,6 +111,9 @@ class SamplerActor:
         self.index = index
         self.config = sampler
         self.env_config = env
+        # The env actors start first: their processes boot while this one loads the tokenizer and the model.
+        count = sampler.envs_per_sampler if env_actors is None else env_actors
+        self.envs = [start_env_actor(env, sampler) for _ in range(count)]
         tokenizer = load_tokenizer(model.name)
         self.chat = ChatFormat(tokenizer)
         # env.action_format=tools: the env's functions are offered and each reply's first call is its action.
@@ -136,8 +139,6 @@ class SamplerActor:
         )
         # Each episode attempt gets its own key: the engine keeps its keys/values between turns.
         self.episode_keys = itertools.count()
-        count = sampler.envs_per_sampler if env_actors is None else env_actors
-        self.envs = [start_env_actor(env, sampler) for _ in range(count)]
         self.ready: set[ray.actor.ActorHandle] = set()  # env actors known to have started
         self.instruction: str | None = None
         self.functions: list[Function] = []

@@ -2,22 +2,25 @@
 
     python benchmarks/scale.py [--quick] [--points 1x8x1 2x32x4 4x128x16] [--iterations 3] [--envs-per-actor K]
 
-Each point ``NODESxENV_ACTORSxSAMPLERS`` (env actors counted as env instances: with ``--envs-per-actor K`` each
-env actor process holds K of them, ``sampler.envs_per_actor``) starts a ``ray.cluster_utils`` cluster of that many Ray nodes on this
-machine (every node is a real raylet; they share its cores and memory), then the run's own driver code: a
-``SamplerGroup`` with its pools, one per env, started by the trainer's ``RolloutDispatch`` and plan, playing
-BabyAI episodes (real env actors) for a few iterations of GRPO groups. The one thing replaced is the model: the
-samplers' engine is ``modelled`` (``actors/engines/modelled.py``), which draws replies and sleeps as long as a GPU
-engine with continuous batching would compute them (a 7B model on one H100 by its roofline), so 16 samplers fit on
-2 cores. No learner runs: the point is the rollout side's cost as it grows.
+Each point ``NODESxENV_ACTORSxSAMPLERS`` (env actors counted as env instances: with ``--envs-per-actor K`` each env
+actor process holds K of them, ``sampler.envs_per_actor``) starts a ``ray.cluster_utils`` cluster of that many Ray
+nodes on this machine (every node is a real raylet; they share its cores and memory), then the run's own driver
+code: a ``SamplerGroup`` with its pools, one per env, started by the trainer's ``RolloutDispatch`` and plan,
+playing BabyAI episodes (real env actors) for a few iterations of GRPO groups. The one thing replaced is the model:
+the samplers' engine is ``modelled`` (``actors/engines/modelled.py``), which draws replies and sleeps as long as a
+GPU engine with continuous batching would compute them (a 7B model on one H100 by its roofline), so 16 samplers fit
+on 2 cores. No learner runs: the point is the rollout side's cost as it grows.
 
 Per point: episodes/s against the modelled engines' ideal for the same load (every engine always full: its
 generated tokens in steps of as many rows as it has env instances, plus its prefill, spread over the samplers),
 the engines' busy share, driver CPU seconds per episode, trajectory bytes per episode (pickled, as they sit in
-the object store), start-up seconds per actor, each actor kind's proportional memory (``/proc/PID/smaps_rollup``,
-beside two reference actors: a bare one and one that imports only minigrid and gymnasium), the host's CPU use, and
-what saturated first. The output ends with one JSON line: every point's numbers, and for the largest point
-``episodes_per_s_vs_ideal``, ``env_actor_pss_above_libraries_mb`` and ``env_actors_ready_s``.
+the object store), start-up (the whole pool, and the env actors alone: the end of the last one's constructor),
+how often Ray warned that a node started too many worker processes, each actor kind's proportional memory
+(``/proc/PID/smaps_rollup``, beside two reference actors: a bare one and one that imports only minigrid and
+gymnasium), the host's CPU use, and what saturated first. ``--quick`` plays one point, 128 env instances in 16
+env actor processes and 2 samplers on 2 nodes, for one timed iteration. The output ends with one JSON line: every
+point's numbers, and ``episodes_per_s_vs_ideal`` and ``env_actor_pss_above_libraries_mb`` of the largest point,
+``env_actors_128_ready_s`` of the last point with 128 env instances, and ``ray_worker_warnings`` over all points.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import json
 import math
 import os
 import pickle
+import random
 import statistics
 import sys
 import time
@@ -40,13 +44,14 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 import psutil
 import ray
 from ray.cluster_utils import Cluster
-from ray.util.state import list_actors
+from ray.util.state import list_actors, list_tasks
 
 from agentgym_rl.actors.model_store import model_dir
 from agentgym_rl.configs import Config, load_config
 from agentgym_rl.driver.needs import plan_run
 from agentgym_rl.driver.rollout_dispatch import RolloutDispatch
 from agentgym_rl.driver.samplers.group import SamplerGroup
+from agentgym_rl.envs.actor import EnvHost
 from agentgym_rl.learner.algorithms import build_algorithm
 
 GROUP_SIZE = 4
@@ -73,6 +78,11 @@ class Point:
 
     def __str__(self) -> str:
         return f"{self.nodes}x{self.env_actors}x{self.samplers}"
+
+
+# The quick point: 128 env instances (16 env actor processes of 8) and 2 samplers on 2 simulated nodes.
+QUICK = Point(2, 128, 2)
+QUICK_ENVS_PER_ACTOR = 8
 
 
 def point_config(point: Point, envs_per_actor: int) -> Config:
@@ -128,6 +138,28 @@ def pss_mb(pid: int) -> float | None:
     except OSError:
         return None
     return None
+
+
+def env_actors_ready_s(since: float) -> float | None:
+    """Seconds from ``since`` (wall clock) until the last env actor had started: the end of the latest ``EnvHost``
+    constructor, from Ray's record of its actor creation tasks."""
+    ends = [
+        task.end_time_ms / 1000
+        for task in list_tasks(filters=[("type", "=", "ACTOR_CREATION_TASK")], detail=True, limit=10_000)
+        if task.func_or_class_name == "EnvHost.__init__" and task.end_time_ms
+    ]
+    return round(max(ends) - since, 1) if ends else None
+
+
+def worker_warnings() -> int:
+    """How many times Ray warned that a node started too many worker processes (``raylet.out`` of every node)."""
+    logs = os.path.join(ray._private.worker._global_node.get_session_dir_path(), "logs")
+    count = 0
+    for name in os.listdir(logs):
+        if name.startswith("raylet") and name.endswith(".out"):
+            with open(os.path.join(logs, name), errors="replace") as log:
+                count += sum("worker processes have been started" in line for line in log)
+    return count
 
 
 @ray.remote(num_cpus=0)
@@ -219,10 +251,11 @@ def run_point(point: Point, iterations: int, envs_per_actor: int) -> dict:
         algorithm = build_algorithm(config.algorithm.name, config.algorithm.model_extra or {})
         samplers = SamplerGroup(config)
         rollouts = RolloutDispatch(config, algorithm, samplers)
-        started = time.monotonic()
+        started, started_wall = time.monotonic(), time.time()
         rollouts.open()
         rollouts.start_pools(plan_run(config), bundles=None)
         ready_s = time.monotonic() - started
+        env_ready_s = env_actors_ready_s(started_wall)
         actors = samplers.env_actors() + len(samplers.samplers)
         memory = memory_by_kind()
         # A first iteration warms up (imports on first use, caches) and is not counted.
@@ -251,6 +284,7 @@ def run_point(point: Point, iterations: int, envs_per_actor: int) -> dict:
         kinds = cpu_by_kind()
         states = ray.get([s.state.remote() for s in samplers.samplers])
         ideal, busy = sampler_work(states, before, config)
+        warnings = worker_warnings()
         rollouts.stop()
     finally:
         ray.shutdown()
@@ -280,7 +314,9 @@ def run_point(point: Point, iterations: int, envs_per_actor: int) -> dict:
             if used - kinds0.get(kind, 0.0) > 0
         },
         "ready_s": round(ready_s, 1),
+        "env_actors_ready_s": env_ready_s,
         "start_s_per_actor": round(ready_s / actors, 3),
+        "ray_worker_warnings": warnings,
         "pss_mb": memory,
         "env_actor_pss_above_libraries_mb": round(env_pss - memory["LibrariesOnly"], 1) if env_pss else None,
     }
@@ -315,9 +351,82 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+@ray.remote(num_cpus=0)
+class EpisodeCaller:
+    """An async actor that plays episodes of random actions on an env actor, as a sampler does, minus the model."""
+
+    def __init__(self, host: ray.actor.ActorHandle, actions: list[str]) -> None:
+        self.host = host
+        self.actions = [f"Action: {action}" for action in actions]
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    async def play(self, episodes: int, seed: int) -> int:
+        """Play ``episodes`` of at most ``HORIZON`` steps; returns the env calls made."""
+        rng, calls = random.Random(seed), 0
+        for task in range(episodes):
+            await self.host.reset.remote(task, 0)
+            calls += 1
+            for _ in range(HORIZON):
+                calls += 1
+                if (await self.host.step.remote(rng.choice(self.actions), 0)).done:
+                    break
+        return calls
+
+
+def process_cpu_s(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def cpu_floor(episodes: int = 300) -> dict:
+    """What Ray itself costs the rollout side, measured here: the CPU of an env call's round trip beyond the env's
+    own work (caller and env actor together), and the CPU an idle actor process burns each second."""
+    actions = load_config(None, []).sampler.modelled.actions
+    in_process = EnvHost("babyai", None, 1)
+    rng, calls = random.Random(0), 0
+    cpu0 = time.process_time()
+    for task in range(episodes):
+        in_process.reset(task, 0)
+        calls += 1
+        for _ in range(HORIZON):
+            calls += 1
+            if in_process.step(f"Action: {rng.choice(actions)}", 0).done:
+                break
+    env_cpu = time.process_time() - cpu0
+    ray.init(num_cpus=2, logging_level="ERROR")
+    try:
+        host = ray.remote(EnvHost).options(num_cpus=0).remote("babyai", None, 1)
+        caller = EpisodeCaller.remote(host, actions)
+        pids = ray.get([host.__ray_call__.remote(lambda _: os.getpid()), caller.pid.remote()])
+        ray.get(caller.play.remote(20, 1))  # imports and first calls, not counted
+        before = [process_cpu_s(pid) for pid in pids]
+        ray_calls = ray.get(caller.play.remote(episodes, 0))
+        host_cpu, caller_cpu = (process_cpu_s(pid) - b for pid, b in zip(pids, before, strict=True))
+        time.sleep(1)
+        before = [process_cpu_s(pid) for pid in pids]
+        time.sleep(5)
+        idle = [(process_cpu_s(pid) - b) / 5 for pid, b in zip(pids, before, strict=True)]
+    finally:
+        ray.shutdown()
+    return {
+        "env_cpu_ms_per_episode_in_process": round(env_cpu / episodes * 1000, 2),
+        "env_calls_per_episode": round(ray_calls / episodes, 2),
+        "env_actor_cpu_ms_per_episode": round(host_cpu / episodes * 1000, 2),
+        "caller_cpu_ms_per_episode": round(caller_cpu / episodes * 1000, 2),
+        "ray_cpu_ms_per_env_call": round((host_cpu + caller_cpu - env_cpu * ray_calls / calls) / ray_calls * 1000, 3),
+        "idle_cpu_ms_per_s": {"sync actor": round(idle[0] * 1000, 1), "async actor": round(idle[1] * 1000, 1)},
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="one small point (1x8x1), one timed iteration")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"one point ({QUICK}, {QUICK_ENVS_PER_ACTOR} env instances per env actor), one timed iteration",
+    )
     parser.add_argument("--points", nargs="+", type=Point.parse, help="NODESxENV_ACTORSxSAMPLERS points")
     parser.add_argument(
         "--iterations", type=int, default=3, help="timed rollout iterations per point (after one that warms up)"
@@ -325,12 +434,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--envs-per-actor",
         type=int,
-        default=1,
-        help="env instances each env actor process holds (sampler.envs_per_actor); a point's env actors count instances",
+        default=None,
+        help="env instances each env actor process holds (sampler.envs_per_actor; 1, or with --quick "
+        f"{QUICK_ENVS_PER_ACTOR}); a point's env actors count instances",
+    )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="measure only what Ray costs per env call and per idle actor process (one node, no cluster)",
     )
     args = parser.parse_args(argv)
-    points = args.points or ([Point(1, 8, 1)] if args.quick else [Point(1, 8, 1), Point(2, 32, 4), Point(4, 128, 16)])
+    if args.floor:
+        print(json.dumps({"floor": cpu_floor(), "cores": psutil.cpu_count()}))
+        return
+    points = args.points or ([QUICK] if args.quick else [Point(1, 8, 1), Point(2, 32, 4), Point(4, 128, 16)])
     iterations = 1 if args.quick else args.iterations
+    envs_per_actor = args.envs_per_actor or (QUICK_ENVS_PER_ACTOR if args.quick else 1)
     print(
         "SIMULATION: the samplers' engine is modelled (replies drawn, GPU time slept); env actors, samplers, "
         f"driver and Ray are real. Machine: {psutil.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} "
@@ -339,17 +458,19 @@ def main(argv: list[str] | None = None) -> None:
     )
     results = []
     for point in points:
-        results.append(run_point(point, iterations, args.envs_per_actor))
+        results.append(run_point(point, iterations, envs_per_actor))
         print(json.dumps(results[-1]), flush=True)
     print(table(results))
     last = results[-1]
+    at_128 = [r for r in results if r["env_actors"] == 128]
     print(
         json.dumps(
             {
                 "simulation": True,
                 "episodes_per_s_vs_ideal": last["episodes_per_s_vs_ideal"],
                 "env_actor_pss_above_libraries_mb": last["env_actor_pss_above_libraries_mb"],
-                "env_actors_ready_s": last["ready_s"],
+                "env_actors_128_ready_s": at_128[-1]["env_actors_ready_s"] if at_128 else None,
+                "ray_worker_warnings": sum(r["ray_worker_warnings"] for r in results),
                 "points": results,
             }
         )
