@@ -31,6 +31,7 @@ class EngineSpec:
     pad_token_id: int
     max_cached_tokens: int = 0  # keys/values kept between an episode's turns (0: none)
     adapter: str | None = None  # a LoRA adapter directory (base ``model_name``) applied before the first generation
+    lora_rank: int | None = None  # a LoRA run's adapter rank (``learner.lora.r``); None: a run of full weights
     vllm: VLLMConfig = field(default_factory=VLLMConfig)  # the vLLM engine's settings
     modelled: ModelledEngineConfig = field(default_factory=ModelledEngineConfig)  # the modelled engine's settings
     fit_cache_to_memory: bool = False  # on a GPU: keep at most what half the memory free after loading holds

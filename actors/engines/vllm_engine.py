@@ -13,7 +13,11 @@ starts. The engine keeps the :class:`~actors.engines.base.Engine` contract of th
 * automatic prefix caching is on, so a turn re-uses the keys/values of the episode's earlier turns
   without episode keys (``release`` has nothing to drop);
 * new weights are copied into the running model through ``collective_rpc`` and a worker extension
-  (:class:`~actors.engines.vllm_worker.WeightLoader`), then the prefix cache is reset; no restart.
+  (:class:`~actors.engines.vllm_worker.WeightLoader`), then the prefix cache is reset; no restart;
+* in a LoRA run (``lora_rank`` set) vLLM runs with its LoRA layers on: each published version goes into the
+  engine as the adapter's tensors alone, added by id (``WeightLoader.add_adapter``), and every request from then
+  on names it (``LoRARequest``); the base weights are the ones vLLM loaded at start, never merged into and never
+  copied to this process.
 
 vLLM's engine is asynchronous; this class runs it on an event loop in a thread of its own so that
 ``generate`` keeps the synchronous signature the samplers call from a worker thread.
@@ -32,16 +36,17 @@ import itertools
 import pickle
 import threading
 from collections.abc import AsyncIterator, Coroutine, Hashable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 import torch
+from safetensors.torch import save
 from typing_extensions import override
 
-from agentgym_rl.actors.adapters import AdapterMerger, read_checked_adapter
+from agentgym_rl.actors.adapters import AdapterError, adapted_modules, load_policy, read_checked_adapter
 from agentgym_rl.actors.engines.base import Engine, EngineSpec, EngineUnavailableError, Generation
 from agentgym_rl.actors.engines.sampling import SamplingParams
 from agentgym_rl.actors.engines.serving import SEED_BOUND, ChoiceDelta, CompletionRequest, ServingEngine, choice_seed
-from agentgym_rl.actors.model_store import load_model, model_dir
+from agentgym_rl.actors.model_store import model_dir
 from agentgym_rl.actors.transport import DeviceIdentity, SharedWeights
 from agentgym_rl.actors.weight_sync import GroupAddress, WeightGroup, free_address
 from agentgym_rl.actors.weights import WeightsPayload
@@ -54,6 +59,9 @@ WEIGHT_BUCKET_BYTES = 256 * 1024 * 1024
 LEARNER, LOCAL = "learner", "local"
 CPU_KV_CACHE_BYTES = 1024**3
 DEFAULT_STEP_TOKENS = 2048  # vLLM's own scheduler budget, kept as the floor on CPU
+# What requests name an adapter by besides its id; vLLM reads it only to load an adapter it does not hold (its
+# own warm-up adapters use the same), and this engine adds each adapter itself before any request names it.
+ADAPTER_PATH = "/not/a/real/path"
 T = TypeVar("T")
 
 
@@ -62,6 +70,7 @@ def _import_vllm() -> dict[str, Any]:
     try:
         from vllm import AsyncEngineArgs, SamplingParams
         from vllm.inputs import TokensPrompt
+        from vllm.lora.request import LoRARequest
         from vllm.platforms import current_platform
         from vllm.sampling_params import RequestOutputKind
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -80,6 +89,7 @@ def _import_vllm() -> dict[str, Any]:
         "AsyncEngineArgs": AsyncEngineArgs,
         "SamplingParams": SamplingParams,
         "TokensPrompt": TokensPrompt,
+        "LoRARequest": LoRARequest,
         "RequestOutputKind": RequestOutputKind,
         "AsyncLLM": AsyncLLM,
         "on_cpu": current_platform.is_cpu(),
@@ -102,6 +112,25 @@ def _check_cpu_head_size(model: str, config: Any) -> None:
             f"vLLM's CPU build runs attention heads of size {supported}, and the model {model} has heads of "
             f"{head}; use sampler.engine='transformers' (and serve.engine) for it"
         )
+
+
+def _lora_args(rank: int) -> dict[str, Any]:
+    """vLLM's LoRA settings for a run's adapters of rank ``rank``: one adapter at a time (each version replaces
+    the last), of at most the smallest rank vLLM offers (``max_lora_rank``) that holds ``rank``.
+
+    Raises:
+        EngineUnavailableError: ``rank`` is above every rank vLLM offers.
+    """
+    from vllm.config.lora import MaxLoRARanks
+
+    offered = sorted(get_args(MaxLoRARanks))
+    fitting = [bound for bound in offered if bound >= rank]
+    if not fitting:
+        raise EngineUnavailableError(
+            f"vLLM runs LoRA adapters of rank up to {offered[-1]}, and learner.lora.r is {rank}; lower learner.lora.r "
+            "or use sampler.engine='transformers'"
+        )
+    return {"enable_lora": True, "max_lora_rank": fitting[0], "max_loras": 1}
 
 
 def _cpu_args(config: Any, max_model_len: int | None) -> dict[str, Any]:
@@ -136,9 +165,12 @@ class VLLMEngine(Engine):
         max_model_len: longest prompt + completion accepted (None: the model's own limit).
         max_num_seqs: most sequences vLLM decodes at once (None: vLLM's default).
         adapter: a LoRA adapter directory whose base is ``model_name``, applied at start.
+        lora_rank: the rank of the adapters a LoRA run publishes (``learner.lora.r``); None: a run of full
+            weights, where an ``adapter`` given is merged into the base once, at start.
 
-    A LoRA run publishes adapters only: this engine merges each into a copy of the base weights it keeps on
-    the host (exact across versions, see ``AdapterMerger``) and loads the merged weights into vLLM.
+    A LoRA run publishes adapters only: vLLM's LoRA layers apply each version's adapter to the base weights it
+    loaded at start (see the module docstring). ``stats["version_bytes"]`` is what the last version put into the
+    engine: the adapter's tensors in a LoRA run, the whole model's otherwise.
 
     Raises:
         EngineUnavailableError: vllm is not installed, no CUDA GPU is visible, or (on vLLM's CPU build) the
@@ -157,6 +189,7 @@ class VLLMEngine(Engine):
         max_model_len: int | None = None,
         max_num_seqs: int | None = None,
         adapter: str | None = None,
+        lora_rank: int | None = None,
         enable_sleep_mode: bool = False,
     ) -> None:
         self._vllm = _import_vllm()
@@ -165,7 +198,11 @@ class VLLMEngine(Engine):
         self.tensor_parallel_size = tensor_parallel_size
         self.workers_receive = False  # a weight group's tensors go to vLLM's workers (full weights), not here
         self.local_group: WeightGroup | None = None  # this process and the workers, for object-store loads
-        self.merger: AdapterMerger | None = None
+        self.lora_rank = lora_rank
+        self.lora: Any = None  # the LoRARequest every request names: the latest adapter version's
+        # vLLM's adapter ids (from 1), one per adapter added: its prefix cache keys blocks by the adapter's name and
+        # path, so a version loaded again (a learner restarted from a checkpoint) never meets the other's blocks.
+        self._adapter_ids = itertools.count(1)
         model = str(model_dir(model_name))
         if self._vllm["on_cpu"]:
             from transformers import AutoConfig
@@ -175,7 +212,7 @@ class VLLMEngine(Engine):
         self.stop_token_ids = sorted(set(stop_token_ids))
         self.generator = torch.Generator().manual_seed(seed)
         self.weights_version = 0
-        self.stats = {"prefill_tokens": 0, "reused_tokens": 0}
+        self.stats = {"prefill_tokens": 0, "reused_tokens": 0, "version_bytes": 0}
         self._request_ids = itertools.count()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
@@ -194,11 +231,14 @@ class VLLMEngine(Engine):
             enable_sleep_mode=enable_sleep_mode and not self._vllm["on_cpu"],
             **({} if max_num_seqs is None else {"max_num_seqs": max_num_seqs}),
             **(_cpu_args(model_config, max_model_len) if self._vllm["on_cpu"] else {}),
+            **({} if lora_rank is None else _lora_args(lora_rank)),
         )
         self._llm = self._run(self._start(args))
-        if adapter is not None:
+        if adapter is not None and lora_rank is None:
+            self._load(load_policy(model_name, adapter, dtype).state_dict())
+        elif adapter is not None:
             saved = read_checked_adapter(adapter, model_name)
-            self._merge_and_load(saved.tensors, saved.scale)
+            self._add_adapter(saved.tensors, saved.scale, self.weights_version)
 
     @classmethod
     @override
@@ -214,6 +254,7 @@ class VLLMEngine(Engine):
             stop_token_ids=spec.stop_token_ids,
             max_num_seqs=max_num_seqs,
             adapter=spec.adapter,
+            lora_rank=spec.lora_rank,
             **spec.vllm.model_dump(),
         )
 
@@ -308,7 +349,10 @@ class VLLMEngine(Engine):
     async def _generate_one(self, prompt: list[int], sampling: SamplingConfig, seed: int) -> Generation:
         params = self.sampling_params(SamplingParams.from_config(sampling), seed, stream=False)
         final = None
-        async for output in self._llm.generate(self.tokens_prompt(prompt), params, request_id=self.next_request_id()):
+        prompt_ids = self.tokens_prompt(prompt)
+        async for output in self._llm.generate(
+            prompt_ids, params, request_id=self.next_request_id(), lora_request=self.lora
+        ):
             final = output
         completion = final.outputs[0]
         token_ids = list(completion.token_ids)
@@ -339,10 +383,9 @@ class VLLMEngine(Engine):
 
     def load_tensors(self, tensors: dict[str, torch.Tensor], version: int, lora_scale: float | None) -> None:
         if lora_scale is not None:
-            self._merge_and_load(tensors, lora_scale)
+            self._add_adapter(tensors, lora_scale, version)
         else:
             self._load(tensors)
-            self.merger = None  # a later adapter starts again from model_name's weights (a LoRA run sends none)
         self.weights_version = version
 
     def sleep(self) -> None:
@@ -354,7 +397,7 @@ class VLLMEngine(Engine):
         self._run(self._llm.wake_up())
 
     def weight_group_ranks(self, adapter: bool) -> int:
-        """Full weights go straight into vLLM's workers, a member each; adapters come here to be merged."""
+        """Full weights go straight into vLLM's workers, a member each; adapters come here, then to vLLM by id."""
         return 1 if adapter else self.tensor_parallel_size
 
     @property
@@ -371,13 +414,13 @@ class VLLMEngine(Engine):
         return [DeviceIdentity(*fields) for fields in self._run(self._llm.collective_rpc("weight_device_identity"))]
 
     def load_shared(self, shared: SharedWeights) -> int:
-        """Adapters are opened here and merged as any adapter is; full weights are opened by vLLM's worker on
+        """Adapters are opened here and added as any adapter is; full weights are opened by vLLM's worker on
         the same GPU and loaded in place, as a broadcast is (``WeightLoader.load_shared_weights``)."""
         if shared.lora_scale is not None:
             return super().load_shared(shared)
         self._run(self._load_shared_in_workers(pickle.dumps(shared.handles)))
-        self.merger = None
         self.weights_version = shared.version
+        self.stats["version_bytes"] = shared.num_bytes
         return shared.num_bytes
 
     async def _load_shared_in_workers(self, handles: bytes) -> None:
@@ -395,8 +438,8 @@ class VLLMEngine(Engine):
         if not self.workers_receive:
             return super().receive_weights()
         version, received = self._run(self._receive_in_workers(LEARNER))
-        self.merger = None
         self.weights_version = version
+        self.stats["version_bytes"] = received
         return received
 
     async def _receive_in_workers(self, group: str) -> tuple[int, int]:
@@ -405,12 +448,43 @@ class VLLMEngine(Engine):
         await self._llm.reset_prefix_cache()  # cached prefixes hold keys/values of the old weights
         return replies[0]
 
-    def _merge_and_load(self, adapter: dict[str, torch.Tensor], scale: float) -> None:
-        """Merge adapter tensors into the host copy of the base weights and load the result into vLLM."""
-        if self.merger is None:
-            self.merger = AdapterMerger(load_model(self.model_name, self.dtype))
-        self.merger.apply(adapter, scale)
-        self._load(self.merger.model.state_dict())
+    def _add_adapter(self, tensors: dict[str, torch.Tensor], scale: float, version: int) -> None:
+        """Give vLLM adapter ``tensors`` (peft's names, update ``scale * B @ A``) as the adapter of weights
+        ``version``, in the engine's dtype (vLLM's LoRA layers compute in it), drop the previous version's and name
+        the new one in every request from now on.
+
+        Raises:
+            AdapterError: the engine was started for full weights (no ``lora_rank``), or the adapter's rank is
+                above the engine's.
+        """
+        if self.lora_rank is None:
+            raise AdapterError(
+                f"adapter version {version} sent to a vLLM engine started for full weights; a LoRA run "
+                "starts its engines with the adapters' rank (EngineSpec.lora_rank = learner.lora.r)"
+            )
+        modules = adapted_modules(tensors)
+        rank = next(iter(modules.values()))[0].shape[0]  # A is (r, in)
+        if rank > self.lora_rank:
+            raise AdapterError(f"the adapter has rank {rank}, above the engine's {self.lora_rank} (learner.lora.r)")
+        dtype = getattr(torch, self.dtype)
+        adapter = save({name: t.detach().to("cpu", dtype).contiguous() for name, t in tensors.items()})
+        config = {
+            "r": rank,
+            "lora_alpha": scale * rank,
+            "target_modules": sorted({module.rsplit(".", 1)[-1] for module in modules}),
+        }
+        lora_id = next(self._adapter_ids)
+        self._run(self._swap_adapter(lora_id, adapter, config))
+        self.lora = self._vllm["LoRARequest"](
+            lora_name=f"policy-{lora_id}-v{version}", lora_int_id=lora_id, lora_path=ADAPTER_PATH
+        )
+        self.stats["version_bytes"] = len(adapter)
+
+    async def _swap_adapter(self, lora_id: int, adapter: bytes, config: dict) -> None:
+        # Called with no request in flight (samplers and servers load between requests): nothing names the old one.
+        if self.lora is not None:
+            await self._llm.remove_lora(self.lora.lora_int_id)
+        await self._llm.collective_rpc("add_adapter", args=(lora_id, adapter, config))
 
     def _load(self, tensors: dict[str, torch.Tensor]) -> None:
         """Send ``tensors`` from this process to vLLM's workers over a gloo group of the two (formed at the
@@ -424,7 +498,7 @@ class VLLMEngine(Engine):
             joined.result()
         received = self.submit(self._receive_in_workers(LOCAL))
         self.local_group.send(tensors, self.weights_version, None, WEIGHT_BUCKET_BYTES)
-        received.result()
+        self.stats["version_bytes"] = received.result()[1]
 
 
 def address_fields(address: GroupAddress) -> tuple:
@@ -493,7 +567,10 @@ class VLLMServingEngine(ServingEngine):
         params = self.engine.sampling_params(request.params, seed, stream=request.stream)
         prompt = self.engine.tokens_prompt(request.prompt_ids)
         try:
-            async for output in self.engine.llm.generate(prompt, params, request_id=self.engine.next_request_id()):
+            request_id = self.engine.next_request_id()
+            async for output in self.engine.llm.generate(
+                prompt, params, request_id=request_id, lora_request=self.engine.lora
+            ):
                 completion = output.outputs[0]
                 ids = tuple(completion.token_ids)
                 steps = completion.logprobs  # one dict per new token: the sampled one, plus alternatives

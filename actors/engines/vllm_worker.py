@@ -16,7 +16,7 @@ from agentgym_rl.actors.weight_sync import GroupAddress, WeightGroup
 
 class WeightLoader:
     """Worker extension: receives Hugging Face-named tensors over weight groups and loads them into the running
-    model, in place.
+    model, in place; in a LoRA run, adds each version's adapter by id instead (``add_adapter``).
 
     ``self.model_runner``, ``self.device``, ``self.rank`` and ``self.vllm_config`` belong to the vLLM worker this
     class is mixed into. A worker can be in two groups by name: the learner's (``trainer.weight_sync:
@@ -55,6 +55,37 @@ class WeightLoader:
         vLLM's RPC transport carries bytes), copying from them on the device."""
         self._reload([list(open_cuda_tensors(pickle.loads(handles)).items())])
         torch.cuda.synchronize()  # the sender frees its tensors once this returns
+
+    def add_adapter(self, lora_id: int, tensors: bytes, config: dict) -> None:
+        """Add a LoRA adapter as vLLM's adapter ``lora_id``: ``tensors`` under peft's names, in safetensors' format
+        (what ``adapter_model.safetensors`` holds; vLLM's RPC transport carries bytes), ``config`` the fields of
+        its ``adapter_config.json`` (``r``, ``lora_alpha``, ``target_modules``). Requests that name ``lora_id``
+        (``LoRARequest``) then compute ``W x + scale * B A x`` with vLLM's LoRA kernels; the base weights stay as
+        they are.
+
+        vLLM 0.32 reads an adapter only from a directory (``add_lora``); this builds the same ``LoRAModel`` from
+        tensors and registers it with the worker's adapter manager, which then finds it by id and never reads
+        the request's path. vLLM packs q/k/v and gate/up into one layer each; its manager stacks the adapters of
+        the parts (peft's names) into the packed layer's slices.
+        """
+        from safetensors.torch import load
+        from vllm.lora.lora_model import LoRAModel
+        from vllm.lora.peft_helper import PEFTHelper
+
+        workers = self.model_runner.lora_manager
+        helper = PEFTHelper.from_dict(config)
+        helper.validate_legal(workers.lora_config)  # e.g. a rank above the engine's max_lora_rank
+        mapper = getattr(self.model_runner.get_model(), "hf_to_vllm_mapper", None)
+        adapter = LoRAModel.from_lora_tensors(
+            lora_id,
+            load(tensors),
+            helper,
+            device="cpu",
+            dtype=workers.lora_config.lora_dtype,
+            model_vocab_size=workers.vocab_size,
+            weights_mapper=None if mapper is None else mapper.get_rename_mapper(),
+        )
+        workers._adapter_manager.add_adapter(adapter)
 
     def _reload(self, buckets: Iterable[list[tuple[str, torch.Tensor]]]) -> None:
         """Load ``buckets`` of Hugging Face-named tensors into the running model, one bucket at a time."""
