@@ -336,14 +336,32 @@ class LearnerActor:
     def _critic_call(self, input_ids, attention_mask, target_mask, position_ids):
         return {VALUES: self.compute_critic(input_ids, attention_mask, target_mask, position_ids)}
 
+    def _shard_rows(self, batch: dict[str, torch.Tensor], rows: torch.Tensor) -> torch.Tensor | None:
+        """This learner's share of ``rows``: whole units (so no unit is split across learners), or None."""
+        units = self._units(batch, rows)
+        mine = [units[i] for i in self.backend.shard(torch.arange(len(units))).tolist()]
+        return torch.cat(mine) if mine else None
+
+    def _filler(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """A row whose pass stands in for a micro-batch this learner lacks (one with sampled tokens where there is
+        one, so that its loss is finite); its results are multiplied by zero or dropped."""
+        sampled = batch[LOSS_MASK].sum(-1).nonzero()[:1, 0]
+        return sampled if len(sampled) else torch.tensor([0])
+
     @torch.no_grad()
     def _score(self, batch: dict[str, torch.Tensor], call, key: str) -> torch.Tensor:
-        """``key`` output of ``call`` for every target of ``batch``, micro-batch by micro-batch. -> (B, L-1)"""
+        """``key`` output of ``call`` for every target of ``batch``, micro-batch by micro-batch. -> (B, L-1)
+
+        Each learner scores its share of the rows; the sum over learners fills in the rest."""
         result = torch.zeros_like(batch[LOSS_MASK])
-        for rows in self._micro_batches(batch, torch.arange(result.shape[0])):
-            part = select_rows(batch, rows)
-            result[rows, : part[LOSS_MASK].shape[1]] = self._run(part, call)[key].to(result.device)
-        return result
+        mine = self._shard_rows(batch, torch.arange(result.shape[0]))
+        micro = self._micro_batches(batch, mine) if mine is not None else []
+        for k in range(self.backend.most(len(micro))):
+            part = select_rows(batch, micro[k] if k < len(micro) else self._filler(batch))
+            scores = self._run(part, call)[key]
+            if k < len(micro):
+                result[micro[k], : part[LOSS_MASK].shape[1]] = scores.to(result.device)
+        return self.backend.sum_over_learners(result)
 
     # ----------------------------------------------------------------------------- update
 
@@ -475,18 +493,19 @@ class LearnerActor:
         total = self._weight(batch[LOSS_MASK][rows])
         self.backend.zero_grad()
         parts = []
-        if total > 0:
-            # Learners shard whole units, so no unit is split across them.
-            units = self._units(batch, rows)
-            mine = [units[i] for i in self.backend.shard(torch.arange(len(units))).tolist()]
-            for micro in self._micro_batches(batch, torch.cat(mine)) if mine else []:
-                part = select_rows(batch, micro)
-                share = self._weight(part[LOSS_MASK]) / total
-                if share > 0:
-                    parts.append((part, share))
+        mine = self._shard_rows(batch, rows) if total > 0 else None
+        for micro in self._micro_batches(batch, mine) if mine is not None else []:
+            part = select_rows(batch, micro)
+            share = self._weight(part[LOSS_MASK]) / total
+            if share > 0:
+                parts.append((part, share))
+        # As many passes as the learner with the most (at least one, so that every learner steps together); those
+        # this learner lacks run on a filler row with no weight.
+        filler = (select_rows(batch, self._filler(batch)), 0.0)
+        passes = [*parts, *[filler] * (max(self.backend.most(len(parts)), 1) - len(parts))]
         summed: dict[str, float] = {}
         from_forward = self.old_logprobs_source == "forward"
-        for k, (part, share) in enumerate(parts):
+        for k, (part, share) in enumerate(passes):
             # The entropy is always a metric; its graph is kept only when the loss differentiates it.
             entropy_graph = self.algorithm.differentiates_entropy
             forward_out = self._run(part, self._policy_call(self.compute_policy, True, entropy_graph))
@@ -502,13 +521,10 @@ class LearnerActor:
                 masked_mean((part[OLD_LOGPROBS] - part["sampler_logprobs"]).abs(), part[LOSS_MASK])
             )
             # Weighting each micro-batch by its share makes the sum the minibatch's loss.
-            self.backend.backward(loss * share, last=k == len(parts) - 1)
+            self.backend.backward(loss * share, last=k == len(passes) - 1)
             part_metrics["learner/loss"] = float(loss.detach())
             for key, value in part_metrics.items():
                 summed[key] = summed.get(key, 0.0) + value * share
-        if not parts:
-            # Nothing of this minibatch landed here; a zero loss keeps the learners' reductions in step.
-            self.backend.backward(sum(p.sum() for p in self.compute_policy.parameters()) * 0.0, last=True)
         return self.backend.sum_metrics(summed)
 
     # ----------------------------------------------------------------------------- weights, checkpoints

@@ -42,6 +42,7 @@ class TorchBackend:
         self.scheduler = scheduler
         self.grad_clip = grad_clip
         self.compute = compute
+        self.backward_passes = 0  # every learner of a group runs as many as the others
 
     def shard(self, rows: torch.Tensor) -> torch.Tensor:
         """The rows of a minibatch this learner trains on."""
@@ -56,6 +57,7 @@ class TorchBackend:
         self.optimizer.zero_grad(set_to_none=True)
 
     def backward(self, loss: torch.Tensor, *, last: bool) -> None:
+        self.backward_passes += 1
         loss.backward()
         if self.compute is not None:
             self.compute.collect_gradients()
@@ -76,6 +78,14 @@ class TorchBackend:
     def sum_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
         """Sum each metric over learners (each learner's values are already weighted by its share)."""
         return metrics
+
+    def most(self, count: int) -> int:
+        """The largest ``count`` any learner of the group holds (every learner must call it together)."""
+        return count
+
+    def sum_over_learners(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` summed over the learners of the group (every learner must call it together)."""
+        return tensor
 
     def move_optimizer_state(self, device: torch.device) -> int:
         """Move the optimizer's state tensors (Adam's moments, ...) to ``device``; returns their bytes. Step
@@ -103,9 +113,11 @@ class DeepSpeedBackend(TorchBackend):
     ZeRO stage 0-3 (up to 2 the parameters stay whole on every learner; under 3 each holds a share, and
     ``gathered`` makes them whole for publishing and saving).
 
-    Every learner scores the whole batch (so group statistics and whitening see every episode) and
-    back-propagates its ``shard`` of each minibatch; DeepSpeed averages gradients over learners,
-    which the ``world_size`` factor in ``backward`` turns back into the sum of the shares.
+    Every learner scores its ``shard`` of the batch and receives the others' scores (so group statistics and
+    whitening see every episode), and back-propagates its ``shard`` of each minibatch; DeepSpeed averages
+    gradients over learners, which the ``world_size`` factor in ``backward`` turns back into the sum of the
+    shares. Every learner runs as many forward and backward passes as the others (``most``): under ZeRO-3 each
+    forward gathers parameters from the others, so one pass fewer would meet their collectives with different ones.
     """
 
     def __init__(
@@ -152,6 +164,7 @@ class DeepSpeedBackend(TorchBackend):
         self.rank = rank
         self.world_size = world_size
         self.zero_stage = zero_stage
+        self.nccl = nccl
 
     def gathered(self, *, modify: bool = False) -> contextlib.AbstractContextManager:
         if self.zero_stage < 3:
@@ -169,6 +182,7 @@ class DeepSpeedBackend(TorchBackend):
 
     def backward(self, loss: torch.Tensor, *, last: bool) -> None:
         # Gradients are reduced over learners once, on the last micro-batch of the minibatch.
+        self.backward_passes += 1
         self.engine.set_gradient_accumulation_boundary(last)
         self.engine.backward(loss * self.world_size)
         # The forwards run on the modules, not through the engine, so do what the engine's forward does first:
@@ -182,6 +196,18 @@ class DeepSpeedBackend(TorchBackend):
         self.engine.step()
         norm = self.engine.get_global_grad_norm()
         return float(norm) if norm is not None else 0.0
+
+    def most(self, count: int) -> int:
+        counts: list[int] = [0] * self.world_size
+        dist.all_gather_object(counts, count)
+        return max(counts)
+
+    def sum_over_learners(self, tensor: torch.Tensor) -> torch.Tensor:
+        # NCCL reduces tensors on the learner's GPU only; gloo on the CPU.
+        device = torch.device("cuda", torch.cuda.current_device()) if self.nccl else torch.device("cpu")
+        summed = tensor.to(device, copy=True)
+        dist.all_reduce(summed)
+        return summed.to(tensor.device)
 
     def sum_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
         gathered: list[dict[str, float]] = [{} for _ in range(self.world_size)]

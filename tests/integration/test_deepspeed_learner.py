@@ -1,4 +1,5 @@
-"""Two DeepSpeed (ZeRO-2, gloo) learner actors on CPU match one torch learner on the same batch."""
+"""Two DeepSpeed (gloo) learner actors on CPU match one torch learner on the same batch, under ZeRO-2 and ZeRO-3,
+however unevenly the rows split between them."""
 
 import pytest
 import ray
@@ -9,21 +10,24 @@ from agentgym_rl.actors.weight_sync import free_port
 from agentgym_rl.actors.weights import unpack_state_dict
 from agentgym_rl.configs import Config
 from agentgym_rl.learner.actor import LearnerActor
+from tests.factories import make_trajectory
 from tests.unit.learner.helpers import batch_of
 
 
-def _config(backend: str, count: int, zero_stage: int = 2) -> Config:
+def _config(
+    backend: str, count: int, zero_stage: int = 2, micro_batch_size: int = 2, minibatches: int = 2, **algorithm
+) -> Config:
     return Config.model_validate(
         {
             "model": {"name": "tiny-random"},
-            "algorithm": {"name": "grpo", "entropy_coef": 0.01, "kl_coef": 0.01},
+            "algorithm": {"name": "grpo", "entropy_coef": 0.01, "kl_coef": 0.01, **algorithm},
             "learner": {
                 "backend": backend,
                 "count": count,
                 "zero_stage": zero_stage,
                 "lr": 1e-3,
-                "micro_batch_size": 2,
-                "minibatches": 2,
+                "micro_batch_size": micro_batch_size,
+                "minibatches": minibatches,
                 "num_cpus": 0.5,
                 "num_threads": 1,
                 "precision": "float32",
@@ -115,3 +119,36 @@ def test_zero3_trains_like_zero2_publishes_its_gathered_parameters_and_resumes(r
     assert set(published3) == set(rank1_params3)
     for name, tensor in published3.items():
         assert torch.equal(tensor, rank1_params3[name]), name
+
+
+def _uneven_batch() -> list:
+    """Six rows, one micro-batch each, for two learners: whichever three each draws, one of them gets the row
+    without a sampled token (its micro-batch carries no loss), so the two have 3 and 2 micro-batches to run."""
+    silent = make_trajectory(list(range(10, 22)), [0] * 12, [], group=5)
+    return [*batch_of(n_groups=5, group_size=1, seed=1), silent]
+
+
+@pytest.mark.slow
+@pytest.mark.ci
+def test_zero3_learners_given_uneven_rows_run_the_same_passes_and_train_like_one_learner(ray_local):
+    trajectories = _uneven_batch()
+    every_row = {"micro_batch_size": 1, "minibatches": 1, "skip_uniform_groups": False}  # each row its own pass
+    torch_cfg = _config("torch", 1, **every_row)
+    single = LearnerActor(model=torch_cfg.model, learner=torch_cfg.learner, algorithm=torch_cfg.algorithm, seed=0)
+    expected_metrics = single.update_batch(trajectories)
+    expected = single.policy.state_dict()
+
+    learners = _group(_config("deepspeed", 2, zero_stage=3, **every_row))
+    refs = [ray.put(t) for t in trajectories]
+    metrics = ray.get([learner.update.remote(refs) for learner in learners], timeout=300)
+    passes = ray.get([learner.__ray_call__.remote(lambda lr: lr.backend.backward_passes) for learner in learners])
+    published = ray.get([learner.publish_weights.remote() for learner in learners])
+    for learner in learners:
+        ray.kill(learner)
+
+    # one learner had three micro-batches with loss, the other two and one without: both ran three passes
+    assert passes == [3, 3]
+    assert metrics[0]["learner/loss"] == pytest.approx(expected_metrics["learner/loss"], rel=1e-3, abs=1e-6)
+    assert metrics[0]["learner/grad_norm"] == pytest.approx(expected_metrics["learner/grad_norm"], rel=1e-3)
+    for name, got in unpack_state_dict(ray.get(published[0][0])).items():
+        assert torch.allclose(got, expected[name], atol=2e-5), name
