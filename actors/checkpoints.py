@@ -38,6 +38,22 @@ def sha256s(paths: list[Path]) -> list[str]:
         return list(pool.map(file_sha256, paths))
 
 
+def written_files(folder: Path) -> dict[str, int]:
+    """Every file under ``folder`` as this process sees it: its path relative to ``folder`` and its bytes (none
+    when ``folder`` does not exist)."""
+    return {path.relative_to(folder).as_posix(): path.stat().st_size for path in folder.rglob("*") if path.is_file()}
+
+
+def unseen_files(folder: Path, written: dict[str, int]) -> list[str]:
+    """The files of ``written`` (``written_files`` of the same folder in another process, maybe on another node)
+    that ``folder`` here lacks or holds with another size, sorted."""
+    return sorted(
+        name
+        for name, size in written.items()
+        if not (folder / name).is_file() or (folder / name).stat().st_size != size
+    )
+
+
 def write_manifest(folder: Path) -> Path:
     """Record every file under ``folder`` (path relative to it, bytes, sha256) in ``folder/manifest.json``;
     returns the manifest's path. Called last, on the complete checkpoint, before it is published."""

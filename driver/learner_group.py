@@ -20,6 +20,7 @@ import structlog
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from agentgym_rl.actors.checkpoints import unseen_files, written_files
 from agentgym_rl.actors.cluster import ClusterError, Colocation, colocated_bundle, learner_request
 from agentgym_rl.actors.rundir import RunDir
 from agentgym_rl.actors.transport import DeviceIdentity, SharedWeights
@@ -108,6 +109,47 @@ def start_learners(config: Config, total_updates: int) -> LearnerActors:
 def meeting_point() -> tuple[str, int]:
     """This node's address and a TCP port free on it: where a learner group's process group meets."""
     return free_address()
+
+
+@dataclass(frozen=True)
+class LearnerFiles:
+    """The files one learner sees in a checkpoint folder it wrote, and the node it runs on."""
+
+    node_id: str
+    node_ip: str
+    files: dict[str, int]  # path relative to the checkpoint folder -> bytes (``written_files``)
+
+
+def files_in_learner(_learner: LearnerActor, folder: str) -> LearnerFiles:
+    """Run inside a learner's process (``ActorHandle.__ray_call__``): ``folder``'s files as that learner sees
+    them, and its node."""
+    node_id = ray.get_runtime_context().get_node_id()
+    return LearnerFiles(node_id, ray.util.get_node_ip_address(), written_files(Path(folder)))
+
+
+def check_visible(folder: Path, seen: list[LearnerFiles]) -> None:
+    """Check that the driver sees, in checkpoint ``folder``, every file that each learner sees there.
+
+    Raises:
+        TrainError: files a learner wrote are missing (or of another size) where the driver reads them; the
+            message names each such learner's node and the shared-filesystem requirement of ``run.dir``.
+    """
+    missing: dict[str, set[str]] = {}  # node -> files; learners on one node see the same files
+    for learner in seen:
+        lacking = unseen_files(folder, learner.files)
+        if lacking:
+            missing.setdefault(f"node {learner.node_ip} (id {learner.node_id})", set()).update(lacking)
+    if not missing:
+        return
+    nodes = "; ".join(
+        f"{node}: {min(names)}{f' and {len(names) - 1} more' if len(names) > 1 else ''}"
+        for node, names in missing.items()
+    )
+    raise TrainError(
+        f"the checkpoint in {folder} is incomplete where the driver reads it: it lacks files the learners wrote "
+        f"on {nodes}. With learners on other nodes than the driver, run.dir must be on a filesystem that every "
+        "node shares at the same path (NFS or another shared mount); set run.dir to such a path and start again"
+    )
 
 
 def total_updates(config: Config) -> int:
@@ -223,11 +265,19 @@ class LearnerGroup:
             raise self.died("the update", exc) from exc
 
     def save_checkpoint(self, path: Path) -> None:
-        """Every learner writes its part of a checkpoint into ``path`` (rank 0 the policy)."""
+        """Every learner writes its part of a checkpoint into ``path`` (rank 0 the policy); then each lists the
+        files it sees there, and the driver checks that it sees them too (``check_visible``).
+
+        Raises:
+            TrainError: the driver lacks files a learner wrote (``run.dir`` is not shared by their nodes), or a
+                learner died (see ``died``).
+        """
         try:
             ray.get([learner.save_checkpoint.remote(str(path)) for learner in self.actors])
+            seen = ray.get([learner.__ray_call__.remote(files_in_learner, str(path)) for learner in self.actors])
         except ray.exceptions.RayActorError as exc:
             raise self.died("a checkpoint write", exc) from exc
+        check_visible(path, seen)
 
     def load_checkpoint(self, path: Path) -> int:
         """Every learner loads the checkpoint at ``path``; returns the weights version it holds."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -82,10 +83,12 @@ def prepare_run(config_path: str | None, overrides: list[str], resume: str | Non
     """Resolve the config and run directory for ``train``.
 
     A fresh run refuses an existing run directory that already holds metrics; ``resume`` reads the
-    run's saved config (overrides still apply, e.g. to raise ``trainer.iterations``).
+    run's saved config (overrides still apply, e.g. to raise ``trainer.iterations``). The run directory's path
+    is made absolute here, against the driver's working directory, before any actor is given it: a learner on
+    another node, or under another working directory, would place a relative path elsewhere.
     """
     if resume:
-        path = Path(resume)
+        path = Path(os.path.abspath(resume))
         if not (path / CONFIG_FILE).is_file():
             raise TrainError(f"--resume {resume}: no {CONFIG_FILE} there; give a run directory made by train")
         config = load_config(path / CONFIG_FILE, overrides, algorithm_keys=algorithm_keys)
@@ -103,6 +106,7 @@ def prepare_run(config_path: str | None, overrides: list[str], resume: str | Non
     check_memory(config)  # before any directory, Ray or actor: a run too big for its GPUs is refused here
     if config.run.name is None:
         config.run.name = f"{'mix' if config.envs else config.env.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    config.run.dir = os.path.abspath(config.run.dir)  # not resolve(): symlinks are each node's own
     run_dir = RunDir(Path(config.run.dir) / config.run.name)
     if run_dir.metrics.exists() and run_dir.metrics.stat().st_size > 0:
         raise TrainError(

@@ -153,7 +153,12 @@ class Trainer(ABC):
 
     def save_checkpoint(self, iterations_done: int) -> Path:
         """Write a complete checkpoint after ``iterations_done`` iterations and prune the old ones
-        (``trainer.keep_checkpoints``); returns its path."""
+        (``trainer.keep_checkpoints``); returns its path.
+
+        Raises:
+            TrainError: the driver does not see a file a learner wrote (``LearnerGroup.save_checkpoint``); nothing
+                is published.
+        """
         staging = self.run_dir.staging_dir(iterations_done)
         self.learner_group.save_checkpoint(staging)
         state = {
