@@ -25,6 +25,7 @@ import pytest
 import ray
 import ray.experimental.internal_kv
 
+from agentgym_rl.actors.checkpoints import LEARNER_STATE, POLICY_DIR, checkpoint_damage
 from agentgym_rl.actors.rundir import RunDir
 from agentgym_rl.configs import load_config
 from agentgym_rl.driver.errors import TrainError
@@ -355,3 +356,73 @@ def test_a_deepspeed_learner_group_spans_two_nodes_and_meets_on_rank_0s_node(clu
     for first, second in found["metrics"]:  # every rank reports the group's summed metrics
         assert first["learner/loss"] == pytest.approx(second["learner/loss"])
         assert first["learner/grad_norm"] > 0 and first["learner/optimizer_steps"] == 1
+
+
+# One iteration and its checkpoint, the learner on the node with `checkpoint_node`, run.dir relative to the driver.
+CHECKPOINT_RUN = [
+    *TINY,
+    "learner.num_cpus=0.5",
+    "learner.resources={checkpoint_node: 1}",
+    "sampler.num_cpus=0.5",
+    "sampler.count=1",
+    "sampler.envs_per_sampler=1",
+    "sampler.env_num_cpus=0.25",
+    "trainer.iterations=1",
+    "trainer.checkpoint_every=1",
+    "run.dir=runs",
+]
+# Runs a command in its own mount namespace with a private tmpfs over ./runs: a filesystem no other node sees.
+PRIVATE_RUNS = ("unshare", "--mount", "--map-root-user", "sh", "-c", 'mount -t tmpfs tmpfs runs && exec "$@"', "sh")
+
+
+def train_in(
+    folder: Path, address: str, settings: list[str], prefix: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
+    """``agentgym-rl train`` with ``settings`` run from ``folder`` against the cluster at ``address``."""
+    command = [*prefix, str(CLI), "train", *[item for s in settings for item in ("--set", s)]]
+    env = {**os.environ, "RAY_ADDRESS": address}
+    return subprocess.run(
+        command,
+        cwd=folder,
+        env=env,
+        check=False,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.slow
+def test_a_learner_on_another_node_checkpoints_where_the_driver_reads_or_the_run_stops(cluster, tmp_path: Path):
+    """The learner's node is started under another working directory than the driver's: a Ray worker runs in its
+    raylet's working directory, as on a second machine where ``ray start`` ran elsewhere, so a relative run.dir
+    handed to the learner would land under that node's folder. The driver resolves it, and the checkpoint is
+    complete where the driver reads it. Then the driver runs with a private tmpfs over run.dir (its own mount
+    namespace): on one machine, the honest way to give the two nodes different filesystems at one path. The
+    learner's files land on the disk the driver does not see, and the run stops naming the learner's node."""
+    cluster, nodes = cluster
+    learner_cwd = tmp_path / "learner-node"
+    learner_cwd.mkdir()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(learner_cwd)
+        learner_node = start_node(cluster, **nodes, resources={"checkpoint_node": 1})
+    driver_cwd = tmp_path / "driver"
+    (driver_cwd / "runs").mkdir(parents=True)
+
+    shared = train_in(driver_cwd, cluster.address, [*CHECKPOINT_RUN, "run.name=shared"])
+    assert shared.returncode == 0, shared.stdout[-3000:]
+    checkpoint = RunDir(driver_cwd / "runs" / "shared").latest_checkpoint()
+    assert checkpoint.name == "iter_000001" and checkpoint_damage(checkpoint) is None
+    assert (checkpoint / LEARNER_STATE).is_file() and (checkpoint / POLICY_DIR).is_dir()
+    assert not (learner_cwd / "runs").exists()
+
+    if subprocess.run([*PRIVATE_RUNS, "true"], cwd=driver_cwd, capture_output=True, check=False).returncode:
+        pytest.skip("the shared case passed; the unshared one needs `unshare --mount --map-root-user`, refused here")
+    apart = train_in(driver_cwd, cluster.address, [*CHECKPOINT_RUN, "run.name=apart"], prefix=PRIVATE_RUNS)
+    assert apart.returncode == 2, apart.stdout[-3000:]
+    error = apart.stdout[apart.stdout.index("agentgym-rl: error:") :]
+    assert f"node 127.0.0.1 (id {learner_node.node_id}): " in error
+    assert "run.dir must be on a filesystem that every node shares" in error
+    # The learner wrote to the absolute path the driver resolved, on the disk outside the driver's tmpfs.
+    assert (driver_cwd / "runs" / "apart" / "checkpoints" / ".iter_000001.partial" / LEARNER_STATE).is_file()
