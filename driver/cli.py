@@ -344,7 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--gpu-memory-gib",
         type=float,
         metavar="N",
-        help="memory of each GPU (default: ray.gpu_memory_gib, else the GPU this machine sees, else 80)",
+        help="memory of each GPU in GiB (default: ray.gpu_memory_gib, else the GPU this machine sees, else 79.65, "
+        "an 80 GB H100's)",
     )
     p_plan.add_argument(
         "--gpus-per-node",

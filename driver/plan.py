@@ -15,10 +15,17 @@ Learner, per learner (``learner_items``):
 * torch backend: trainable weights as float32 masters (``4 T``) and under ``bf16-mixed`` their bfloat16
   compute copy (``2 T``); a LoRA run's frozen base once, in the compute dtype (``c P``); gradients ``4 T`` (+
   ``2 T`` for the compute copy's, during a backward), freed after each step; AdamW's two float32 moments
-  ``8 T``, in host memory between updates in colocated mode.
+  ``8 T``, made at the first step, in host memory between updates in colocated mode.
 * deepspeed backend (ZeRO, Rajbhandari et al. 2020): weights ``c T``, float32 masters ``4 T`` under
   bf16, gradients ``c T``, moments ``8 T``; stage 1 splits masters and moments over the ``n`` learners, 2 the
-  gradients too, 3 the weights too.
+  gradients too, 3 the weights too. Under ZeRO-3 (DeepSpeed 0.19's defaults) the gradients are a flat
+  partition made at start and kept, beside one reduce bucket of 5e8 elements; the update gathers at most 1e9
+  parameters at a time (``stage3_max_live_parameters``), and a weight sync gathers the whole model on every
+  learner at once (``c P``, ``learner.actor``'s ``backend.gathered``).
+* start-up: ``learner/actor.py`` (as of commit 222fe85) loads the policy whole and moves it to
+  the GPU before DeepSpeed casts and partitions it: a full run's ``4 T`` float32 (a LoRA run's base in the
+  compute dtype, ``c P``, and its adapter ``4 T``), a critic's in float32, beside the reference model. The
+  torch backend keeps what it loads.
 * reference model: none for LoRA (the policy's base with the adapter off, or the starting adapter frozen
   beside the trained one: ``4 L`` more, and its ``2 L`` compute copy under the torch backend's bf16-mixed); a
   full-weight run whose algorithm needs one holds a copy, ``c P``.
@@ -34,6 +41,7 @@ Learner, per learner (``learner_items``):
   bytes per float32 (N, V) tensor, 6 of them alive at once when the loss differentiates the entropy
   (the logits, the log-softmax kept by the cross-entropy and by the entropy, its probabilities, their
   product, a gradient), else 5 (the entropy metric's three without a graph, freed before the backward).
+* a weight broadcast: rank 0 packs one bucket at a time on its GPU (``trainer.weight_sync.bucket_mb``).
 * a CUDA context per process on a GPU, 0.5 GiB.
 
 Samplers (``sampler_items``): the transformers engine holds the weights in ``sampler.dtype`` (``s`` bytes),
@@ -41,18 +49,32 @@ with LoRA on a CPU the adapted layers' base weights once more (each version is m
 they wait in host memory), and keys/values of ``2 n_kv d`` elements per layer and token for the positions it
 keeps between turns (``sampler.episode_cache_tokens``; unset on a GPU, at most half of what the GPU has free
 after the model loads) and those of a decode batch (``min(sampler.max_batch_size, envs_per_sampler x envs_per_actor)`` rows
-of ``sampler.max_context_tokens``). vLLM takes its ``gpu_memory_utilization`` share of each of its GPUs for
-weights, cache and activations, and must find the weights room in it. Serve replicas are counted alike from
-``serve``.
+of ``sampler.max_context_tokens``). vLLM takes its share of each of its GPUs as vLLM (0.32, 0.33) takes it:
+``gpu_memory_utilization`` times the GPU's whole memory, for weights, cache, activations and CUDA graphs, and
+it refuses to start unless that much is free then; it must find the weights room in the share. Outside the
+share it holds its worker process's CUDA context; asleep it gives back its weights and cache but keeps its
+CUDA graphs (``VLLM_CUDA_GRAPH_BYTES``, an assumption). A weight load arrives one bucket at a time on the
+engine's GPU (``trainer.weight_sync.bucket_mb``, or 256 MiB from the object store: the larger). Serve replicas
+are counted alike from ``serve``.
 
-Not counted: the engines' prefill activations (one layer at a time), DeepSpeed's communication buckets,
-the forwards without a graph (old and reference log-probabilities: one layer at a time) and the
-allocator's fragmentation.
+Not counted: the engines' prefill activations (one layer at a time), DeepSpeed's transient buffers at start
+(its cast, one tensor at a time; ZeRO-3's float32 gradient buffer for its optimizer's first state, ``4 T / n``,
+less than the policy it replaces), the forwards without a graph (old and reference log-probabilities: one
+layer at a time), a CUDA IPC copy of ZeRO-3 weights (one colocated learner alone) and the allocator's
+fragmentation.
 
-Colocated, a GPU holds its learner always, the update's items (gradients, moments, activations, logits)
-while the learner trains and the sampler's while it generates (asleep, an engine holds none): its peak is
-what is always there plus the larger phase. ``auto`` dtypes resolve to bfloat16 on a GPU (one that supports
-it, as every GPU since NVIDIA's Ampere does).
+Phases. A GPU's items are held over some of six moments of a run, in four phases (``MOMENTS``, ``PHASE``):
+
+* start-up: the learners load (``load``); then, colocated, the engines start beside what the learners keep
+  (``engine start``: the samplers start once every learner is ready);
+* rollout: the engines generate; colocated learners keep their weights (their moments in host memory);
+* update: the learners train (a backward; then its end, which gathers the whole model for the parameter norm
+  under ZeRO-3); colocated engines sleep and keep on the GPU only their CUDA graphs and processes;
+* sync: the engines are awake (a colocated engine wakes whole, weights and cache) and the new weights arrive;
+  ZeRO-3 learners gather the whole model meanwhile.
+
+A GPU's peak is its largest moment; ``check_fits`` refuses a plan whose peak does not fit, naming the phase.
+``auto`` dtypes resolve to bfloat16 on a GPU (one that supports it, as every GPU since NVIDIA's Ampere does).
 """
 
 from __future__ import annotations
@@ -76,15 +98,56 @@ from agentgym_rl.learner.algorithms import build_algorithm
 
 log = structlog.get_logger()
 
+MIB = 1 << 20
 GIB = 1 << 30
-# What a GPU is taken to hold when neither --gpu-memory-gib, ray.gpu_memory_gib nor a visible GPU says.
-DEFAULT_GPU_GIB = 80.0
+# What a GPU is taken to hold when neither --gpu-memory-gib, ray.gpu_memory_gib nor a visible GPU says: an 80 GB
+# H100's real capacity, 81,559 MiB as nvidia-smi reports it (79.65 GiB; an 80 GB A100 has 81,920 MiB).
+DEFAULT_GPU_GIB = 81_559 / 1024
 DEFAULT_GPUS_PER_NODE = 8
 CUDA_CONTEXT_BYTES = GIB // 2
 # (N, V) float32 tensors alive at once in the loss's forward and backward, with and without the entropy's graph.
 LOGIT_TENSORS = {True: 6, False: 5}
+# vLLM's CUDA graphs, which its sleep keeps: an assumption (vLLM logs its estimate at start).
+VLLM_CUDA_GRAPH_BYTES = GIB
+# DeepSpeed ZeRO-3's defaults (0.19): the reduce bucket's and the most gathered parameters' element counts.
+ZERO3_REDUCE_BUCKET = 500_000_000
+ZERO3_MAX_LIVE_PARAMETERS = 1_000_000_000
+# An object-store load reaches vLLM's workers in buckets of this size (actors.engines.vllm_engine).
+OBJECT_STORE_BUCKET_BYTES = 256 * MIB
 
-Phase = Literal["always", "update", "rollout"]
+Phase = Literal["start-up", "rollout", "update", "sync"]
+Moment = Literal["load", "engine start", "rollout", "update", "update end", "sync"]
+MOMENTS: tuple[Moment, ...] = ("load", "engine start", "rollout", "update", "update end", "sync")
+PHASE: dict[Moment, Phase] = {
+    "load": "start-up",
+    "engine start": "start-up",
+    "rollout": "rollout",
+    "update": "update",
+    "update end": "update",
+    "sync": "sync",
+}
+# How `plan` names each moment.
+MOMENT_TEXT: dict[Moment, str] = {
+    "load": "start-up, the learners load",
+    "engine start": "start-up, the engines start",
+    "rollout": "rollout",
+    "update": "update, a backward",
+    "update end": "update, its end",
+    "sync": "sync",
+}
+# The moments an item is held over (see the module docstring).
+ALWAYS = frozenset(MOMENTS)
+STARTED = ALWAYS - {"load"}  # from the end of the learners' load on
+LOADING = frozenset({"load"})
+BACKWARD = frozenset({"update"})
+UPDATE = frozenset({"update", "update end"})
+GATHERED = frozenset({"update end", "sync"})  # ZeRO-3's whole weights: the update's parameter norm, the sync
+SYNC = frozenset({"sync"})
+FROM_FIRST_STEP = frozenset({"rollout", "update", "update end", "sync"})  # AdamW's moments, kept on the GPU
+AWAKE = frozenset({"engine start", "rollout", "sync"})  # a colocated engine, asleep in the update
+# The moments of a GPU that holds only learners, and of one that holds only engines.
+LEARNER_MOMENTS: tuple[Moment, ...] = ("load", "rollout", "update", "update end", "sync")
+ENGINE_MOMENTS: tuple[Moment, ...] = ("engine start", "rollout", "update", "sync")
 
 
 class PlanError(AgentGymError):
@@ -244,32 +307,46 @@ def place(config: Config, hardware: Hardware) -> Placement:
 
 @dataclass(frozen=True)
 class Item:
-    """Bytes held for one purpose, ``always`` or only during the learners' update or the samplers' rollout."""
+    """Bytes held for one purpose over the moments ``held`` (see the module docstring's phases)."""
 
     name: str
     nbytes: int
-    phase: Phase = "always"
+    held: frozenset[Moment] = ALWAYS
 
 
 @dataclass(frozen=True)
 class Holder:
-    """What one GPU (or, on CPUs, one process) of a kind holds; ``count`` of them are alike."""
+    """What one GPU (or, on CPUs, one process) of a kind holds; ``count`` of them are alike. ``moments``: those
+    its actors go through (a GPU without a learner has no ``load``, one without an engine no ``engine start``)."""
 
     what: str
     count: int
     gpu: bool
     items: list[Item]
+    moments: tuple[Moment, ...] = MOMENTS
+
+    def moment_bytes(self, moment: Moment) -> int:
+        return sum(item.nbytes for item in self.items if moment in item.held)
 
     def phase_bytes(self, phase: Phase) -> int:
-        return sum(item.nbytes for item in self.items if item.phase == phase)
+        """The most held at a moment of ``phase`` (0 for a phase this holder does not go through)."""
+        return max((self.moment_bytes(m) for m in self.moments if PHASE[m] == phase), default=0)
+
+    def moment_text(self, moment: Moment) -> str:
+        """How ``plan`` names ``moment`` for this holder (an update without a learner is one moment)."""
+        return "update" if moment == "update" and "update end" not in self.moments else MOMENT_TEXT[moment]
+
+    @property
+    def peak_moment(self) -> Moment:
+        """The moment that holds the most (the first of equals)."""
+        return max(self.moments, key=self.moment_bytes)
 
     @property
     def peak(self) -> int:
-        """What is always held plus the larger of the two phases (they take turns on a colocated GPU)."""
-        return self.phase_bytes("always") + max(self.phase_bytes("update"), self.phase_bytes("rollout"))
+        return self.moment_bytes(self.peak_moment)
 
-    def largest(self, count: int = 3) -> list[Item]:
-        return sorted(self.items, key=lambda item: -item.nbytes)[:count]
+    def largest(self, moment: Moment, count: int = 3) -> list[Item]:
+        return sorted((item for item in self.items if moment in item.held), key=lambda item: -item.nbytes)[:count]
 
 
 @dataclass(frozen=True)
@@ -316,34 +393,44 @@ def trained_items(
     offload: bool,
 ) -> list[Item]:
     """Weights, gradients and AdamW state of ``trainable`` parameters (and ``frozen`` ones beside them) of one
-    learner; see the module docstring."""
-    moments_phase: Phase = "update" if offload else "always"
+    learner, and under DeepSpeed what it loads before it casts and partitions them; see the module docstring."""
+    moments_held = UPDATE if offload else FROM_FIRST_STEP
     name = "bfloat16" if compute == 2 else "float32"
     if not deepspeed:
         items = [
             Item(f"{what} {'float32 masters' if compute == 2 else 'weights, float32'}", 4 * trainable),
-            Item(f"{what} gradients, float32", 4 * trainable, "update"),
-            Item(f"{what} AdamW moments, float32", 8 * trainable, moments_phase),
+            Item(f"{what} gradients, float32", 4 * trainable, BACKWARD),
+            Item(f"{what} AdamW moments, float32", 8 * trainable, moments_held),
         ]
         if compute == 2:
             items.append(Item(f"{what} weights, bfloat16 (compute copy)", 2 * trainable))
-            items.append(Item(f"{what} gradients, bfloat16 (in a backward)", 2 * trainable, "update"))
+            items.append(Item(f"{what} gradients, bfloat16 (in a backward)", 2 * trainable, BACKWARD))
         if frozen:
             items.append(Item(f"frozen base weights, {name}", compute * frozen))
         return items
     split = {stage: world if zero >= stage else 1 for stage in (1, 2, 3)}
     zero_note = f", ZeRO-{zero} 1/{world}" if world > 1 and zero else ""
+    if zero >= 3:  # a flat partition made at start and kept
+        gradients = Item(f"{what} gradients, {name}{zero_note}, kept", compute * trainable // split[2], STARTED)
+    else:
+        gradients = Item(
+            f"{what} gradients, {name}{zero_note if zero >= 2 else ''}", compute * trainable // split[2], BACKWARD
+        )
     items = [
-        Item(f"{what} weights, {name}{zero_note if zero >= 3 else ''}", compute * trainable // split[3]),
-        Item(f"{what} gradients, {name}{zero_note if zero >= 2 else ''}", compute * trainable // split[2], "update"),
-        Item(
-            f"{what} AdamW moments, float32{zero_note if zero >= 1 else ''}", 8 * trainable // split[1], moments_phase
-        ),
+        Item(f"{what} weights as loaded, float32, whole", 4 * trainable, LOADING),
+        Item(f"{what} weights, {name}{zero_note if zero >= 3 else ''}", compute * trainable // split[3], STARTED),
+        gradients,
+        Item(f"{what} AdamW moments, float32{zero_note if zero >= 1 else ''}", 8 * trainable // split[1], moments_held),
     ]
     if compute == 2:
-        items.append(Item(f"{what} float32 masters{zero_note if zero >= 1 else ''}", 4 * trainable // split[1]))
+        items.append(
+            Item(f"{what} float32 masters{zero_note if zero >= 1 else ''}", 4 * trainable // split[1], STARTED)
+        )
     if frozen:
-        items.append(Item(f"frozen base weights, {name}{zero_note if zero >= 3 else ''}", compute * frozen // split[3]))
+        items.append(Item(f"frozen base weights as loaded, {name}, whole", compute * frozen, LOADING))
+        items.append(
+            Item(f"frozen base weights, {name}{zero_note if zero >= 3 else ''}", compute * frozen // split[3], STARTED)
+        )
     return items
 
 
@@ -371,12 +458,13 @@ def learner_items(config: Config, shape: Shape, *, gpu: bool, cpu_bfloat16: bool
         adapters = 0
         items = trained_items("policy", parameters, compute=compute, **trainer)
         training = "full weights"
-    reference = "none"
+    reference, reference_adapter, critic = "none", False, 0
     if algorithm.needs_reference:
         if cfg.lora.enabled:
             reference = "the policy's base with the adapter off (no copy)"
             if config.model.adapter is not None:
                 reference = "the policy's base with the starting adapter, frozen (no copy of the base)"
+                reference_adapter = True
                 # a float32 adapter, with its bfloat16 compute copy under the torch backend's bf16-mixed
                 frozen = compute if deepspeed else 4 + (2 if compute == 2 else 0)
                 items.append(Item("starting adapter, frozen (the reference)", frozen * adapters))
@@ -398,11 +486,25 @@ def learner_items(config: Config, shape: Shape, *, gpu: bool, cpu_bfloat16: bool
             f"logits: {targets:,} targets x {shape.vocab:,} vocabulary x {tensors} float32"
             f"{' (entropy graph)' if graph else ''}",
             4 * targets * shape.vocab * tensors,
-            "update",
+            BACKWARD,
         )
     )
+    if deepspeed and cfg.zero_stage >= 3:
+        whole = parameters + adapters * (2 if reference_adapter else 1) + critic
+        items += [
+            Item(f"ZeRO-3 reduce bucket, {ZERO3_REDUCE_BUCKET:,} elements", compute * ZERO3_REDUCE_BUCKET, STARTED),
+            Item(
+                "ZeRO-3 parameters gathered in a forward or backward",
+                compute * min(whole, ZERO3_MAX_LIVE_PARAMETERS),
+                BACKWARD,
+            ),
+            Item("ZeRO-3 weights gathered whole (parameter norm, weight sync)", compute * whole, GATHERED),
+        ]
     if gpu:
         items.append(cuda_context("learner"))
+        if broadcasts(config, gpu):
+            published = (adapters or parameters) * dtype_bytes(resolve(config.sampler.dtype, True, False))
+            items.append(Item("a weight broadcast's bucket (rank 0)", min(bucket_bytes(config), published), SYNC))
     line = (
         f"{cfg.count} x {cfg.backend}{f' ZeRO-{cfg.zero_stage}' if deepspeed else ''}, {precision}, {training}\n"
         f"         reference: {reference}; micro-batch {rows} x {tokens:,} tokens"
@@ -411,16 +513,30 @@ def learner_items(config: Config, shape: Shape, *, gpu: bool, cpu_bfloat16: bool
     return items, line
 
 
-def cuda_context(what: str) -> Item:
-    return Item(f"CUDA context ({what})", CUDA_CONTEXT_BYTES)
+def cuda_context(what: str, held: frozenset[Moment] = ALWAYS) -> Item:
+    return Item(f"CUDA context ({what})", CUDA_CONTEXT_BYTES, held)
+
+
+def broadcasts(config: Config, learner_gpu: bool) -> bool:
+    """Whether rank 0 packs each version into buckets on its GPU: ``trainer.weight_sync.method`` ``broadcast``
+    (``auto`` on a GPU), unless one colocated learner shares its GPU with its engine (CUDA IPC, no buckets)."""
+    method = config.trainer.weight_sync.method
+    if method == "auto":
+        method = "broadcast" if learner_gpu else "object_store"
+    one_gpu = config.trainer.placement == "colocated" and config.learner.count == 1
+    return method == "broadcast" and not one_gpu
+
+
+def bucket_bytes(config: Config) -> int:
+    return int(config.trainer.weight_sync.bucket_mb * MIB)
 
 
 def activations_item(what: str, shape: Shape, tokens: int, compute: int, checkpointing: bool) -> Item:
     layer = shape.activation_elements_per_token() * tokens * compute
     if checkpointing:
         kept = shape.layers * shape.hidden * tokens * compute + layer
-        return Item(f"{what}, {tokens:,} tokens, checkpointed", kept, "update")
-    return Item(f"{what}, {tokens:,} tokens x {shape.layers} layers", shape.layers * layer, "update")
+        return Item(f"{what}, {tokens:,} tokens, checkpointed", kept, BACKWARD)
+    return Item(f"{what}, {tokens:,} tokens x {shape.layers} layers", shape.layers * layer, BACKWARD)
 
 
 def longest_horizon(config: Config) -> int:
@@ -446,15 +562,25 @@ def engine_items(
     tensor_parallel: int,
     hardware: Hardware,
     what: str,
+    awake: frozenset[Moment] = STARTED,
     fit_cache_to_memory: bool = False,
     resident: int = 0,
 ) -> tuple[list[Item], list[str]]:
-    """What one engine (a sampler's or a serve replica's) holds on each of its GPUs (its CUDA context aside),
-    and what cannot fit. With ``fit_cache_to_memory`` the kept key/values get at most half of what the GPU has
-    free after the model loads beside ``resident`` bytes (as the transformers engine sizes an unset
+    """What one engine (a sampler's or a serve replica's) holds on each of its GPUs (its process's CUDA context
+    aside), and what cannot fit. ``awake``: the moments it holds its weights and cache (a colocated engine
+    sleeps in the update). With ``fit_cache_to_memory`` the kept key/values get at most half of what the GPU
+    has free after the model loads beside ``resident`` bytes (as the transformers engine sizes an unset
     ``sampler.kv_cache_tokens``)."""
     weights = shape.parameters() * dtype_bytes(dtype)
     problems = []
+    # A version arrives one bucket at a time on the engine's GPU.
+    arriving = [
+        Item(
+            f"{what} weights arriving, one bucket",
+            min(weights, max(bucket_bytes(config), OBJECT_STORE_BUCKET_BYTES)),
+            SYNC,
+        )
+    ] * gpu
     if engine == "vllm" and gpu:
         share = int(vllm_share * hardware.gpu_bytes)
         if weights // tensor_parallel >= share:
@@ -463,14 +589,20 @@ def engine_items(
                 f"cannot hold its weights ({gib(weights // tensor_parallel)} GiB per GPU) and a key/value cache: "
                 "raise its vllm.gpu_memory_utilization or vllm.tensor_parallel_size"
             )
-        return [Item(f"vLLM engine ({vllm_share:g} of the GPU: weights, key/value cache)", share)], problems
-    items = [Item(f"{what} weights, {dtype}", weights)]
+        items = [
+            Item(f"vLLM engine ({vllm_share:g} of the GPU: weights, key/value cache, CUDA graphs)", share, awake),
+            cuda_context(f"{what}'s vLLM worker", STARTED),
+        ]
+        if STARTED - awake:  # asleep, the engine gives back its weights and cache, not its CUDA graphs
+            items.append(Item(f"{what}'s vLLM CUDA graphs, kept asleep", VLLM_CUDA_GRAPH_BYTES, STARTED - awake))
+        return items + arriving, problems
+    items = [Item(f"{what} weights, {dtype}", weights, awake)]
     if engine == "transformers":
         lora = config.learner.lora
         if lora.enabled and not gpu:
             # Each version is merged from the adapted layers' original weights, kept in host memory.
             bases = shape.adapted_parameters(lora) * dtype_bytes(dtype)
-            items.append(Item(f"{what} LoRA-adapted layers' base weights", bases))
+            items.append(Item(f"{what} LoRA-adapted layers' base weights", bases, awake))
         per_token = shape.kv_bytes_per_token(dtype_bytes(dtype))
         if fit_cache_to_memory:
             kept_tokens = min(kept_tokens, max(0, hardware.gpu_bytes - resident - weights) // 2 // per_token)
@@ -478,15 +610,17 @@ def engine_items(
             Item(
                 f"{what} key/value cache, {kept_tokens:,} kept + {decode_positions:,} decoding positions",
                 (kept_tokens + decode_positions) * per_token,
+                awake,
             )
         )
-    return items, problems
+    return items + arriving, problems
 
 
 def sampler_items(
-    config: Config, shape: Shape, *, gpu: bool, hardware: Hardware, resident: int
+    config: Config, shape: Shape, *, gpu: bool, hardware: Hardware, resident: int, awake: frozenset[Moment]
 ) -> tuple[list[Item], list[str]]:
-    """A sampler's engine; ``resident``: the bytes on its GPU besides it when it loads."""
+    """A sampler's engine; ``resident``: the bytes on its GPU besides it when it loads; ``awake``: the moments
+    it holds its weights and cache."""
     sampler = config.sampler
     rows = min(
         sampler.max_batch_size, (sampler.max_envs_per_sampler or sampler.envs_per_sampler) * sampler.envs_per_actor
@@ -503,6 +637,7 @@ def sampler_items(
         tensor_parallel=sampler.vllm.tensor_parallel_size,
         hardware=hardware,
         what="sampler",
+        awake=awake,
         fit_cache_to_memory=gpu and sampler.kv_cache_tokens is None,
         resident=resident,
     )
@@ -550,73 +685,108 @@ def make_plan(config: Config, shape: Shape, hardware: Hardware, *, model: str) -
     learner, learner_line = learner_items(resolved, shape, gpu=learner_on_gpu, cpu_bfloat16=hardware.cpu_bfloat16)
     colocated = placement.colocated
     sampler_gpus = learner_gpus if colocated else resolved.sampler.num_gpus
-    # Colocated learners start before their samplers: an engine loads beside the learner's resident bytes.
-    resident = CUDA_CONTEXT_BYTES + (sum(item.nbytes for item in learner if item.phase == "always") if colocated else 0)
-    sampler, problems = sampler_items(resolved, shape, gpu=sampler_gpus > 0, hardware=hardware, resident=resident)
+    sampler_on_gpu = sampler_gpus > 0
+    # Colocated learners start before their samplers: an engine loads beside what the learner keeps.
+    kept = sum(item.nbytes for item in learner if "engine start" in item.held) if colocated else 0
+    sampler, problems = sampler_items(
+        resolved,
+        shape,
+        gpu=sampler_on_gpu,
+        hardware=hardware,
+        resident=CUDA_CONTEXT_BYTES + kept,
+        awake=AWAKE if colocated else STARTED,
+    )
+    sampler += [cuda_context("sampler", STARTED)] * sampler_on_gpu
     has_samplers = config.trainer.mode not in ("offline", "gateway")
     samplers = config.sampler.count * max(1, len(config.envs))
     holders = []
+    vllm: list[tuple[Holder, int, float]] = []  # holders of vLLM engines: engines on each GPU, their share
+    sampler_vllm = sampler_on_gpu and resolved.sampler.engine == "vllm"
     if colocated and learner_on_gpu:
         share = sharing(learner_gpus)
-        # Asleep, the engine holds nothing on the GPU but its process's CUDA context.
-        awake = [dataclasses.replace(item, phase="rollout") for item in sampler] + [cuda_context("sampler")]
         holders.append(
             Holder(
                 f"learner + sampler, colocated{f' ({share} pairs on each GPU)' if share > 1 else ''}",
                 math.ceil(config.learner.count / share),
                 True,
-                [dataclasses.replace(item, nbytes=item.nbytes * share) for item in learner + awake],
+                [dataclasses.replace(item, nbytes=item.nbytes * share) for item in learner + sampler],
             )
         )
+        vllm += [(holders[-1], share, resolved.sampler.vllm.gpu_memory_utilization)] * sampler_vllm
     else:
         holders.append(shared_holder("learner", config.learner.count, learner_gpus, learner_on_gpu, learner))
         if has_samplers:
-            on_gpu = sampler_gpus > 0
-            holders.append(
-                shared_holder("sampler", samplers, sampler_gpus, on_gpu, sampler + [cuda_context("sampler")] * on_gpu)
-            )
+            holders.append(shared_holder("sampler", samplers, sampler_gpus, sampler_on_gpu, sampler, engine=True))
+            vllm += [(holders[-1], sharing(sampler_gpus), resolved.sampler.vllm.gpu_memory_utilization)] * sampler_vllm
     if config.serve.enabled:
         serve_gpus = resolved.serve.num_gpus
         on_gpu = serve_gpus > 0
         serve, serve_problems = serve_items(resolved, shape, gpu=on_gpu, hardware=hardware)
         replicas = config.serve.autoscaling.min_replicas if config.serve.autoscaling else config.serve.num_replicas
         serve += [cuda_context("serve replica")] * on_gpu
-        holders.append(shared_holder("serve replica", replicas, serve_gpus, on_gpu, serve))
+        holders.append(shared_holder("serve replica", replicas, serve_gpus, on_gpu, serve, engine=True))
+        if on_gpu and (resolved.serve.engine or resolved.sampler.engine) == "vllm":
+            vllm.append((holders[-1], sharing(serve_gpus), resolved.serve.vllm.gpu_memory_utilization))
         problems += serve_problems
+    for holder, engines, utilization in vllm:
+        problems += vllm_refusal(holder, engines, utilization, hardware)
     for holder in holders:
         if holder.gpu and holder.peak > hardware.gpu_bytes:
             problems.append(overflow(holder, hardware))
-    line = resolved.sampler.engine + ", " + resolve(config.sampler.dtype, sampler_gpus > 0, hardware.cpu_bfloat16)
+    line = resolved.sampler.engine + ", " + resolve(config.sampler.dtype, sampler_on_gpu, hardware.cpu_bfloat16)
     sampler_line = f"{samplers} x {line}" if has_samplers else "none (trainer.mode: " + config.trainer.mode + ")"
     return Plan(model, learner_line, sampler_line, placement, holders, hardware, problems)
 
 
-def shared_holder(what: str, count: int, gpus: float, gpu: bool, items: list[Item]) -> Holder:
+def shared_holder(what: str, count: int, gpus: float, gpu: bool, items: list[Item], *, engine: bool = False) -> Holder:
     """``count`` actors of one kind, each holding ``items``: per GPU as many as share one (fractional
-    ``num_gpus``), or per process on CPUs."""
+    ``num_gpus``), or per process on CPUs. A learner's GPU goes through every moment but the engines' start,
+    an ``engine``'s through every moment but the learners' load and the update's end (nothing changes then)."""
+    moments = ENGINE_MOMENTS if engine else LEARNER_MOMENTS
     if not gpu:
-        return Holder(f"{what} process", count, False, items)
+        return Holder(f"{what} process", count, False, items, moments)
     share = sharing(gpus)
     if share == 1:
-        return Holder(what, count, True, items)
+        return Holder(what, count, True, items, moments)
     return Holder(
         f"{what} ({share} on each GPU)",
         math.ceil(count / share),
         True,
         [dataclasses.replace(item, nbytes=item.nbytes * share) for item in items],
+        moments,
     )
 
 
+def vllm_refusal(holder: Holder, engines: int, utilization: float, hardware: Hardware) -> list[str]:
+    """vLLM's own start-up check on each GPU of ``holder``: ``engines`` engines starting there each refuse unless
+    ``utilization`` of the GPU's whole memory is free beside what is there before them (the learners' weights,
+    the processes' CUDA contexts)."""
+    share = int(utilization * hardware.gpu_bytes)
+    before = holder.moment_bytes("engine start") - engines * share
+    if before + engines * share <= hardware.gpu_bytes:
+        return []
+    engines_text = f", {engines} engines" if engines > 1 else ""
+    message = (
+        f"vLLM would refuse to start on each GPU of the {holder.what}: it starts only with its share free "
+        f"({utilization:g} of {gib(hardware.gpu_bytes)} GiB = {gib(share)} GiB{engines_text}), and {gib(before)} GiB "
+        "are held there before it; lower vllm.gpu_memory_utilization"
+    )
+    return [message]
+
+
 def overflow(holder: Holder, hardware: Hardware) -> str:
-    largest = ", ".join(f"{item.name} ({gib(item.nbytes)} GiB)" for item in holder.largest())
+    moment = holder.peak_moment
+    largest = ", ".join(f"{item.name} ({gib(item.nbytes)} GiB)" for item in holder.largest(moment))
+    when = holder.moment_text(moment)
     return (
-        f"each GPU of the {holder.what} would hold {gib(holder.peak)} GiB at its peak, more than its "
-        f"{gib(hardware.gpu_bytes)} GiB ({hardware.gpu_source}); the largest items: {largest}"
+        f"each GPU of the {holder.what} would hold {gib(holder.peak)} GiB at its peak, in the {when}, more than "
+        f"its {gib(hardware.gpu_bytes)} GiB ({hardware.gpu_source}); the largest items then: {largest}"
     )
 
 
 def check_fits(plan: Plan) -> None:
-    """Raise :class:`PlanError` naming the largest items of every GPU that cannot hold its peak."""
+    """Raise :class:`PlanError` naming, for every GPU that cannot hold its worst phase, that phase and its
+    largest items (and any vLLM engine that would refuse to start)."""
     if plan.problems:
         raise PlanError(
             "the run does not fit in GPU memory: "
@@ -700,9 +870,25 @@ def describe_model(name: str, source: str, shape: Shape) -> str:
     )
 
 
+def held_text(item: Item, holder: Holder) -> str:
+    """When ``item`` is held among ``holder``'s moments: ``always``, ``once loaded`` (all but the learners'
+    load), else the moments (the update's two as ``update`` when both)."""
+    moments = [moment for moment in holder.moments if moment in item.held]
+    if len(moments) == len(holder.moments):
+        return "always"
+    if "load" in holder.moments and moments == [m for m in holder.moments if m != "load"]:
+        return "once loaded"
+    if "update" in moments and "update end" in moments:
+        moments.remove("update end")
+    elif "update" in moments and "update end" in holder.moments:
+        moments[moments.index("update")] = "backward"
+    return ", ".join(moments)
+
+
 def format_plan(plan: Plan) -> str:
     """The plan as ``agentgym-rl plan`` prints it: the model, learner and samplers; the actors and their
-    bundles; per kind of GPU (or, on CPUs, of process) what it holds, largest first, and its peak."""
+    bundles; per kind of GPU (or, on CPUs, of process) what it holds, largest first, and when; what it holds at
+    each moment of each phase, and its peak."""
     placement, hardware = plan.placement, plan.hardware
     lines = [f"model    {plan.model}", f"learner  {plan.learner}", f"sampler  {plan.sampler}", ""]
     kind = "colocated: learner i and sampler i in one bundle" if placement.colocated else "disaggregated"
@@ -729,13 +915,16 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"  {holder.what}: {plural(holder.count, 'GPU' if holder.gpu else 'process')}")
         lines.append(f"    {'':<{width}} {'GiB':>6}  held")
         for item in sorted(holder.items, key=lambda item: -item.nbytes):
-            when = "always" if item.phase == "always" else f"in the {item.phase}"
-            lines.append(f"    {item.name:<{width}} {gib(item.nbytes):>6}  {when}")
+            lines.append(f"    {item.name:<{width}} {gib(item.nbytes):>6}  {held_text(item, holder)}")
+        lines.append("    in the phases")
+        for moment in holder.moments:
+            lines.append(f"    {'  ' + holder.moment_text(moment):<{width}} {gib(holder.moment_bytes(moment)):>6}")
         verdict = ""
         if holder.gpu:
             left = hardware.gpu_bytes - holder.peak
             verdict = f"fits, {gib(left)} GiB left" if left >= 0 else f"does not fit: {gib(-left)} GiB too much"
-        lines.append(f"    {'peak':<{width}} {gib(holder.peak):>6}  {verdict}".rstrip())
+        peak = f"peak: {holder.moment_text(holder.peak_moment)}"
+        lines.append(f"    {peak:<{width}} {gib(holder.peak):>6}  {verdict}".rstrip())
     lines.append("")
     if not plan.uses_gpu:
         lines.append("fits: no GPU is used, so there is no GPU memory to run out of")

@@ -116,11 +116,20 @@ def test_a_lora_run_holds_no_reference_copy_and_a_full_run_does():
         assert sum("reference model" in item.name for item in holder.items) == copies
 
 
-def test_a_colocated_gpu_peaks_at_the_larger_phase():
-    holder = Holder(
-        "test", 1, True, [Item("kept", 10), Item("a", 3, "update"), Item("b", 4, "update"), Item("c", 5, "rollout")]
-    )
-    assert holder.peak == 10 + max(3 + 4, 5)
+def test_a_gpu_peaks_at_its_fullest_moment_and_a_phase_at_its_fullest_moment():
+    loading, backward, update_end = frozenset({"load"}), frozenset({"update"}), frozenset({"update end"})
+    items = [
+        Item("kept", 10),
+        Item("loaded whole", 6, loading),
+        Item("a", 3, backward),
+        Item("b", 4, backward),
+        Item("gathered", 5, update_end),
+    ]
+    holder = Holder("test", 1, True, items)
+    assert holder.phase_bytes("start-up") == 10 + 6
+    assert holder.phase_bytes("update") == 10 + max(3 + 4, 5)
+    assert holder.phase_bytes("sync") == 10
+    assert (holder.peak, holder.peak_moment) == (10 + 3 + 4, "update")
 
 
 def test_the_setups_place_their_actors_on_one_and_two_nodes():
@@ -135,7 +144,7 @@ def test_plan_prints_placement_and_memory_and_exits_0_when_it_fits(config: str, 
     assert main(["plan", str(REPO / config), "--gpu-memory-gib", "80", "--gpus-per-node", "8"]) == 0
     out = capsys.readouterr().out
     assert "placement (" in out
-    assert re.search(r"^\s+peak\s+\d+\.\d\d", out, re.MULTILINE)
+    assert re.search(r"^\s+peak: [a-z ,-]+\s+\d+\.\d\d", out, re.MULTILINE)
     assert out.rstrip().splitlines()[-1].startswith("fits:")
 
 
@@ -155,7 +164,9 @@ def test_a_run_that_cannot_fit_exits_1_naming_its_largest_items(capsys):
     assert "policy AdamW moments, float32 (56.74 GiB)" in verdict
     small_gpu = ["--set", "learner.num_gpus=1", "--gpu-memory-gib", "1"]
     assert main(["plan", str(REPO / "configs/quickstart.yaml"), *small_gpu]) == PLAN_DOES_NOT_FIT
-    assert "the largest items: activations" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "in the update, a backward, more than its 1.00 GiB" in out
+    assert "the largest items then: activations" in out
 
 
 def test_train_refuses_a_run_that_cannot_fit_before_anything_starts(tmp_path: Path):
