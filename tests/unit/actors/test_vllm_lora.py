@@ -50,6 +50,7 @@ def adapter_tensors(seed: int) -> dict[str, torch.Tensor]:
 
 
 def vllm_engine(tokenizer, *, lora_rank: int | None, adapter: str | None = None):
+    """vLLM's engine on tiny-random in float32, started from ``adapter`` (a directory) if given."""
     spec = EngineSpec(
         model_name=TINY_RANDOM,
         dtype="float32",

@@ -1,5 +1,6 @@
-"""A LoRA learner publishes its adapter alone; engines merge it into the base they hold and then sample what
-they sample from the learner's merged weights (transformers engine; vLLM's CPU build where installed)."""
+"""A LoRA learner publishes its adapter alone; the transformers engine merges it into the base it holds, vLLM's
+applies it with its LoRA layers, and each then samples what it samples from the learner's merged weights
+(vLLM's CPU build where installed)."""
 
 from __future__ import annotations
 
@@ -28,14 +29,13 @@ def tokenizer():
 
 @pytest.fixture(scope="module", params=ENGINES)
 def engines(request, tokenizer):
-    """(engine fed adapters, engine fed merged weights). vLLM starts one engine fed both in turn: after a
-    full load it merges the next adapter into its base from the model files again."""
-    first = tiny_engine(tokenizer, request.param)
-    second = tiny_engine(tokenizer, request.param) if request.param == "transformers" else first
+    """(engine fed adapters, engine fed merged weights); vLLM's fed adapters runs its LoRA layers at the learner's
+    rank (learner.lora.r, 16)."""
+    first = tiny_engine(tokenizer, request.param, lora_rank=16 if request.param == "vllm" else None)
+    second = tiny_engine(tokenizer, request.param)
     yield first, second
     first.close()
-    if second is not first:
-        second.close()
+    second.close()
 
 
 def sample(engine, sampling: SamplingConfig, seeds: tuple[int, ...]) -> list:
