@@ -297,7 +297,8 @@ class LearnerGroup:
         """The current version in the object store (``[ref]``), put there by the learners on first need."""
         if self.payload is None:
             try:
-                self.payload = ray.get([learner.publish_weights.remote() for learner in self.actors])[0]
+                bucket_bytes = int(self.config.trainer.weight_sync.bucket_mb * 2**20)
+                self.payload = ray.get([learner.publish_weights.remote(bucket_bytes) for learner in self.actors])[0]
             except ray.exceptions.RayActorError as exc:
                 raise self.died("the weight sync", exc) from exc
         return self.payload

@@ -58,6 +58,7 @@ log = structlog.get_logger()
 
 POLICY_DIR = "policy"
 LEARNER_STATE = "learner.pt"
+PUBLISH_BUCKET_BYTES = 256 * 2**20  # trainer.weight_sync.bucket_mb's default
 
 
 class LearnerDeviceError(AgentGymError, RuntimeError):
@@ -529,17 +530,41 @@ class LearnerActor:
 
     # ----------------------------------------------------------------------------- weights, checkpoints
 
-    def publish_weights(self) -> list[ray.ObjectRef]:
+    def publish_weights(self, bucket_bytes: int = PUBLISH_BUCKET_BYTES) -> list[ray.ObjectRef]:
         """Put the current weights in the object store once; returns ``[ref]`` (a list, so Ray passes the ref)
-        on rank 0 and ``[]`` elsewhere. Every learner of a group calls it (ZeRO-3 gathers the parameters)."""
-        with self.backend.gathered():
-            if self.backend.rank != 0:
-                return []
-            import ray
+        on rank 0 and ``[]`` elsewhere. Every learner of a group calls it: under ZeRO-3 full weights are gathered
+        ``bucket_bytes`` at a time, each bucket copied to host memory on rank 0 and partitioned again before the
+        next, so no learner holds more than one bucket beyond its share."""
+        import ray
 
-            payload = self.weights_payload()
-            self.published_bytes = payload.num_bytes
-            return [ray.put(payload)]
+        if self.backend.zero_stage_3 and not is_lora(self.policy):
+            payload = self._gathered_payload(bucket_bytes)
+            if payload is None:
+                return []
+        else:
+            with self.backend.gathered():
+                if self.backend.rank != 0:
+                    return []
+                payload = self.weights_payload()
+        self.published_bytes = payload.num_bytes
+        return [ray.put(payload)]
+
+    def _gathered_payload(self, bucket_bytes: int) -> WeightsPayload | None:
+        """The full weights as ``weights_payload`` makes them, gathered bucket by bucket (rank 0; None elsewhere)."""
+        cast = getattr(torch, self.publish_dtype)
+        state = self.policy.state_dict(keep_vars=True)  # a tied weight is one parameter under two names
+        params = list({id(p): p for p in state.values() if isinstance(p, torch.nn.Parameter)}.values())
+        host: dict[int, torch.Tensor] = {}
+        for bucket in self.backend.gathered_buckets(params, bucket_bytes):
+            if self.backend.rank == 0:
+                for p in bucket:
+                    host[id(p)] = p.detach().to(cast).cpu()
+        if self.backend.rank != 0:
+            return None
+        tensors = {
+            name: host[id(t)] if isinstance(t, torch.nn.Parameter) else t.detach().cpu() for name, t in state.items()
+        }
+        return pack_state_dict(tensors, self.version, dtype=self.publish_dtype)
 
     def weights_payload(self) -> WeightsPayload:
         """The current weights as samplers load them: the float32 master in the samplers' dtype, versioned. A

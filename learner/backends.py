@@ -9,12 +9,27 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from agentgym_rl.learner.precision import BFloat16Compute
+
+
+def split_buckets(items: list, limit: int, size: Callable[[Any], int]) -> list[list]:
+    """``items`` in order, in buckets of at most ``limit`` bytes by ``size`` (an item larger than it alone)."""
+    buckets: list[list] = []
+    filled = limit
+    for item in items:
+        if filled + size(item) > limit:
+            buckets.append([])
+            filled = 0
+        buckets[-1].append(item)
+        filled += size(item)
+    return buckets
 
 
 class TorchBackend:
@@ -27,6 +42,7 @@ class TorchBackend:
 
     rank = 0
     world_size = 1
+    zero_stage_3 = False  # parameters partitioned over learners (ZeRO-3): whole only inside ``gathered``
 
     def __init__(
         self,
@@ -52,6 +68,12 @@ class TorchBackend:
         """A context in which every parameter is whole on this learner (ZeRO-3 gathers them: every learner
         must enter it together); with ``modify``, what rank 0 writes into them reaches every learner."""
         return contextlib.nullcontext()
+
+    def gathered_buckets(
+        self, params: list[torch.nn.Parameter], bucket_bytes: int
+    ) -> Iterator[list[torch.nn.Parameter]]:
+        """``params`` whole, a bucket at a time where they are partitioned (ZeRO-3); here in one bucket."""
+        yield params
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -164,7 +186,9 @@ class DeepSpeedBackend(TorchBackend):
         self.rank = rank
         self.world_size = world_size
         self.zero_stage = zero_stage
+        self.zero_stage_3 = zero_stage == 3
         self.nccl = nccl
+        self.gathered_peak_bytes = 0
 
     def gathered(self, *, modify: bool = False) -> contextlib.AbstractContextManager:
         if self.zero_stage < 3:
@@ -173,6 +197,27 @@ class DeepSpeedBackend(TorchBackend):
 
         params = list(self.modules.parameters())
         return deepspeed.zero.GatheredParameters(params, modifier_rank=0 if modify else None)
+
+    def gathered_buckets(
+        self, params: list[torch.nn.Parameter], bucket_bytes: int
+    ) -> Iterator[list[torch.nn.Parameter]]:
+        """Under ZeRO-3, ``params`` whole a bucket at a time: each bucket is yielded gathered and partitioned again
+        before the next (a parameter larger than ``bucket_bytes`` is a bucket alone); below ZeRO-3, in one bucket.
+        ``gathered_peak_bytes`` records the most bytes of the modules' parameters that were whole at once, read
+        from DeepSpeed's own status of each parameter. Every learner must iterate it together."""
+        if self.zero_stage < 3:
+            yield params
+            return
+        import deepspeed
+        from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+        every = list(self.modules.parameters())
+        self.gathered_peak_bytes = 0
+        for bucket in split_buckets(params, bucket_bytes, lambda p: p.ds_numel * p.element_size()):
+            with deepspeed.zero.GatheredParameters(bucket):
+                whole = sum(p.ds_numel * p.element_size() for p in every if p.ds_status == ZeroParamStatus.AVAILABLE)
+                self.gathered_peak_bytes = max(self.gathered_peak_bytes, whole)
+                yield bucket
 
     def shard(self, rows: torch.Tensor) -> torch.Tensor:
         return rows[self.rank :: self.world_size]

@@ -130,7 +130,7 @@ def _uneven_batch() -> list:
 
 @pytest.mark.slow
 @pytest.mark.ci
-def test_zero3_learners_given_uneven_rows_run_the_same_passes_and_train_like_one_learner(ray_local):
+def test_zero3_learners_given_uneven_rows_run_the_same_passes_train_like_one_learner_and_publish_by_bucket(ray_local):
     trajectories = _uneven_batch()
     every_row = {"micro_batch_size": 1, "minibatches": 1, "skip_uniform_groups": False}  # each row its own pass
     torch_cfg = _config("torch", 1, **every_row)
@@ -142,9 +142,23 @@ def test_zero3_learners_given_uneven_rows_run_the_same_passes_and_train_like_one
     refs = [ray.put(t) for t in trajectories]
     metrics = ray.get([learner.update.remote(refs) for learner in learners], timeout=300)
     passes = ray.get([learner.__ray_call__.remote(lambda lr: lr.backend.backward_passes) for learner in learners])
-    published = ray.get([learner.publish_weights.remote() for learner in learners])
+    published = ray.get([learner.publish_weights.remote() for learner in learners])  # one 256 MiB bucket
+    whole_peaks = ray.get(
+        [learner.__ray_call__.remote(lambda lr: lr.backend.gathered_peak_bytes) for learner in learners]
+    )
+    # Published again a MiB at a time: the same weights, and never more of them whole at once than a bucket (or
+    # the one parameter larger than it), as DeepSpeed's own status of each parameter says.
+    bucket = 2**20
+    by_bucket = ray.get([learner.publish_weights.remote(bucket) for learner in learners])
+    peaks = ray.get([learner.__ray_call__.remote(lambda lr: lr.backend.gathered_peak_bytes) for learner in learners])
     for learner in learners:
         ray.kill(learner)
+    sizes = [p.numel() * 4 for p in load_model("tiny-random").parameters()]  # float32 on the learners
+    assert whole_peaks == [sum(sizes)] * 2  # in one bucket, the whole model at once
+    # tiny-random's (tied) embedding is 98 % of it and a bucket alone; the rest came a MiB at a time
+    assert 0 < max(peaks) <= max(bucket, max(sizes)) < sum(sizes)
+    whole, bucketed = (unpack_state_dict(ray.get(refs[0])) for refs in (published[0], by_bucket[0]))
+    assert set(whole) == set(bucketed) and all(torch.equal(whole[name], bucketed[name]) for name in whole)
 
     # one learner had three micro-batches with loss, the other two and one without: both ran three passes
     assert passes == [3, 3]
