@@ -20,8 +20,10 @@ Learner, per learner (``learner_items``):
   bf16, gradients ``c T``, moments ``8 T``; stage 1 splits masters and moments over the ``n`` learners, 2 the
   gradients too, 3 the weights too. Under ZeRO-3 (DeepSpeed 0.19's defaults) the gradients are a flat
   partition made at start and kept, beside one reduce bucket of 5e8 elements; the update gathers at most 1e9
-  parameters at a time (``stage3_max_live_parameters``), and a weight sync gathers the whole model on every
-  learner at once (``c P``, ``learner.actor``'s ``backend.gathered``).
+  parameters at a time (``stage3_max_live_parameters``) and, at its end, the weights for the parameter norm one
+  256 MiB bucket at a time; a weight sync through the object store gathers them a bucket at a time
+  (``trainer.weight_sync.bucket_mb``), a broadcast the whole model on every learner at once (``c P``,
+  ``learner.actor``'s ``backend.gathered``).
 * start-up: ``learner/actor.py`` (as of commit 222fe85) loads the policy whole and moves it to
   the GPU before DeepSpeed casts and partitions it: a full run's ``4 T`` float32 (a LoRA run's base in the
   compute dtype, ``c P``, and its adapter ``4 T``), a critic's in float32, beside the reference model. The
@@ -68,10 +70,10 @@ Phases. A GPU's items are held over some of six moments of a run, in four phases
 * start-up: the learners load (``load``); then, colocated, the engines start beside what the learners keep
   (``engine start``: the samplers start once every learner is ready);
 * rollout: the engines generate; colocated learners keep their weights (their moments in host memory);
-* update: the learners train (a backward; then its end, which gathers the whole model for the parameter norm
-  under ZeRO-3); colocated engines sleep and keep on the GPU only their CUDA graphs and processes;
+* update: the learners train (a backward; then its end, which under ZeRO-3 gathers the weights for the parameter
+  norm a bucket at a time); colocated engines sleep and keep on the GPU only their CUDA graphs and processes;
 * sync: the engines are awake (a colocated engine wakes whole, weights and cache) and the new weights arrive;
-  ZeRO-3 learners gather the whole model meanwhile.
+  ZeRO-3 learners gather the whole model meanwhile for a broadcast, a bucket at a time for the object store.
 
 A GPU's peak is its largest moment; ``check_fits`` refuses a plan whose peak does not fit, naming the phase.
 ``auto`` dtypes resolve to bfloat16 on a GPU (one that supports it, as every GPU since NVIDIA's Ampere does).
@@ -114,6 +116,8 @@ ZERO3_REDUCE_BUCKET = 500_000_000
 ZERO3_MAX_LIVE_PARAMETERS = 1_000_000_000
 # An object-store load reaches vLLM's workers in buckets of this size (actors.engines.vllm_engine).
 OBJECT_STORE_BUCKET_BYTES = 256 * MIB
+# ZeRO-3 learners gather their weights for the update's parameter norm in buckets of this size (learner.actor).
+PARAMETER_NORM_BUCKET_BYTES = 256 * MIB
 
 Phase = Literal["start-up", "rollout", "update", "sync"]
 Moment = Literal["load", "engine start", "rollout", "update", "update end", "sync"]
@@ -141,7 +145,7 @@ STARTED = ALWAYS - {"load"}  # from the end of the learners' load on
 LOADING = frozenset({"load"})
 BACKWARD = frozenset({"update"})
 UPDATE = frozenset({"update", "update end"})
-GATHERED = frozenset({"update end", "sync"})  # ZeRO-3's whole weights: the update's parameter norm, the sync
+UPDATE_END = frozenset({"update end"})  # ZeRO-3's parameter norm, gathered a bucket at a time
 SYNC = frozenset({"sync"})
 FROM_FIRST_STEP = frozenset({"rollout", "update", "update end", "sync"})  # AdamW's moments, kept on the GPU
 AWAKE = frozenset({"engine start", "rollout", "sync"})  # a colocated engine, asleep in the update
@@ -498,7 +502,18 @@ def learner_items(config: Config, shape: Shape, *, gpu: bool, cpu_bfloat16: bool
                 compute * min(whole, ZERO3_MAX_LIVE_PARAMETERS),
                 BACKWARD,
             ),
-            Item("ZeRO-3 weights gathered whole (parameter norm, weight sync)", compute * whole, GATHERED),
+            Item(
+                "ZeRO-3 weights gathered for the parameter norm, a bucket at a time",
+                min(compute * whole, PARAMETER_NORM_BUCKET_BYTES),
+                UPDATE_END,
+            ),
+            Item("ZeRO-3 weights gathered whole for a broadcast", compute * whole, SYNC)
+            if broadcasts(config, gpu)
+            else Item(
+                "ZeRO-3 weights gathered for the object store, a bucket at a time",
+                min(compute * whole, bucket_bytes(config)),
+                SYNC,
+            ),
         ]
     if gpu:
         items.append(cuda_context("learner"))

@@ -429,10 +429,10 @@ class LearnerActor:
             metrics[key] = sum(m[key] for m in step_metrics) / len(step_metrics)
         metrics["learner/optimizer_steps"] = float(len(step_metrics))
         metrics["learner/lr"] = self.optimizer.param_groups[0]["lr"]
-        with self.backend.gathered():
-            metrics["learner/param_norm"] = float(
-                torch.sqrt(sum((p.detach().float() ** 2).sum() for p in self.policy.parameters()))
-            )
+        squares = 0.0  # under ZeRO-3 gathered a bucket at a time, as for publishing
+        for bucket in self.backend.gathered_buckets(list(self.policy.parameters()), PUBLISH_BUCKET_BYTES):
+            squares += sum(float((p.detach().float() ** 2).sum()) for p in bucket)
+        metrics["learner/param_norm"] = squares**0.5
         metrics["time/update_s"] = time.perf_counter() - started
         return metrics
 
