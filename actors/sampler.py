@@ -91,6 +91,7 @@ class SamplerActor:
         seed: the run seed.
         env_actors: env actors to start with; None: ``sampler.envs_per_sampler`` (a pool starts fewer where
             the cluster has room for fewer).
+        lora_rank: a LoRA run's adapter rank (``learner.lora.r``); None: the run publishes full weights.
     """
 
     def __init__(
@@ -102,6 +103,7 @@ class SamplerActor:
         env: EnvConfig,
         seed: int,
         env_actors: int | None = None,
+        lora_rank: int | None = None,
     ) -> None:
         hide_unreserved_gpus()
         set_torch_threads(sampler.num_threads)
@@ -134,6 +136,7 @@ class SamplerActor:
             max_cached_tokens=sampler.episode_cache_tokens,
             fit_cache_to_memory=sampler.kv_cache_tokens is None,
             adapter=model.adapter,
+            lora_rank=lora_rank,
             vllm=sampler.vllm,
             modelled=sampler.modelled,
         )

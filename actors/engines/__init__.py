@@ -33,6 +33,7 @@ def make_engine(
     pad_token_id: int,
     max_cached_tokens: int = 0,
     adapter: str | None = None,
+    lora_rank: int | None = None,
     vllm: VLLMConfig | None = None,
     modelled: ModelledEngineConfig | None = None,
     fit_cache_to_memory: bool = False,
@@ -49,6 +50,7 @@ def make_engine(
         max_cached_tokens: transformers engine: keys/values kept between an episode's turns (0: none);
             vLLM keeps its own prefix cache.
         adapter: a LoRA adapter directory (base ``model_name``) applied before the first generation.
+        lora_rank: a LoRA run's adapter rank (``learner.lora.r``): versions arrive as adapters; None: full weights.
         vllm: the vLLM engine's settings (parallelism, memory share, longest sequence); None: the defaults.
         modelled: the modelled engine's settings (reply lengths, modelled GPU time); None: the defaults.
         fit_cache_to_memory: transformers engine on a GPU: keep at most the key/value positions that half the
@@ -66,6 +68,7 @@ def make_engine(
         pad_token_id=pad_token_id,
         max_cached_tokens=max_cached_tokens,
         adapter=adapter,
+        lora_rank=lora_rank,
         vllm=vllm or VLLMConfig(),
         modelled=modelled or ModelledEngineConfig(),
         fit_cache_to_memory=fit_cache_to_memory,
@@ -87,12 +90,14 @@ def make_serving_engine(
     adapter: str | None = None,
     vllm: VLLMConfig | None = None,
     max_cached_tokens: int = 0,
+    lora_rank: int | None = None,
 ) -> ServingEngine:
     """Create the serving form of engine ``name`` (``Engine.build_serving``): for ``transformers`` continuous
     batching over the sampler's decode step, for ``vllm`` vLLM's own asynchronous engine.
 
     Args:
-        name, model_name, dtype, seed, stop_token_ids, pad_token_id, adapter, vllm: as for :func:`make_engine`.
+        name, model_name, dtype, seed, stop_token_ids, pad_token_id, adapter, lora_rank, vllm: as for
+            :func:`make_engine`.
         max_rows: most completions decoding at once.
         max_kv_tokens: transformers: bound on the running batch's key/value positions; vLLM sizes its
             paged cache from the GPU memory it is given.
@@ -112,6 +117,7 @@ def make_serving_engine(
         stop_token_ids=stop_token_ids,
         pad_token_id=pad_token_id,
         adapter=adapter,
+        lora_rank=lora_rank,
         vllm=vllm or VLLMConfig(),
         max_cached_tokens=max_cached_tokens,
     )

@@ -75,6 +75,7 @@ class SamplerGroup:
         self.calls: dict[int, Call] = {}  # collect calls in flight by id (an id outlives a replay)
         self.call_ids = itertools.count()
         self.transport: WeightTransport | None = None  # how versions reach its samplers, while they stay the same
+        self.engine_bytes: dict[int | None, float] = {}  # by iteration: what its weight sync put into one engine
 
     @property
     def samplers(self) -> list[ray.actor.ActorHandle]:
@@ -116,8 +117,12 @@ class SamplerGroup:
             pool.refresh(iteration)
 
     def metrics(self, iteration: int) -> dict[str, float]:
-        """``iteration``'s ``pool/*`` metrics, summed over the pools (none without samplers)."""
-        return pool_metrics([pool.metrics(iteration) for pool in self.pools])
+        """``iteration``'s ``pool/*`` metrics, summed over the pools, and ``sync/engine_bytes``: what its weight
+        sync put into one engine (0 without a sync); none without samplers."""
+        if not self.pools:
+            return {}
+        synced = {"sync/engine_bytes": self.engine_bytes.pop(iteration, 0.0)}
+        return {**pool_metrics([pool.metrics(iteration) for pool in self.pools]), **synced}
 
     # ----------------------------------------------------------------------------- episodes
 
@@ -245,7 +250,15 @@ class SamplerGroup:
             delivered = fallback.deliver(self._waiter(iteration, strict=True))
         if not delivered.versions:
             return None, 0
+        self.engine_bytes[iteration] = self._engine_bytes()
         return delivered.versions[0], delivered.sent_bytes or source.published_bytes()
+
+    def _engine_bytes(self) -> float:
+        """The most bytes the version just delivered put into one engine: ``engine_version_bytes`` of the samplers'
+        states, which the vLLM engine counts (a LoRA run's adapter, else the whole model); 0 where none does."""
+        states = ray.get([sampler.state.remote() for sampler in self.samplers])
+        counted = [state["engine_version_bytes"] for state in states if "engine_version_bytes" in state]
+        return float(max(counted, default=0))
 
     def forget_transport(self) -> None:
         """The learners were replaced: the next sync chooses the transport again (a broadcast forms a new group)."""

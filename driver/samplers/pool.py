@@ -160,6 +160,7 @@ class SamplerPool:
                 env=cfg.env,
                 seed=cfg.run.seed,
                 env_actors=count,
+                lora_rank=cfg.learner.lora.r if cfg.learner.lora.enabled else None,
             )
             self.indices[handle] = self.next_index
             if self.bundles is not None:
