@@ -78,6 +78,11 @@ class ServeArgs(BaseModel):
         "auto", description="What renders a prompt with functions (`model.tool_template`: auto, builtin or model)."
     )
     serve: ServeConfig = Field(default_factory=ServeConfig, description="Engine, limits, auth and scaling.")
+    lora_rank: int | None = Field(
+        None,
+        description="A LoRA run's adapter rank (`learner.lora.r`): the versions it publishes reach the replicas as "
+        "adapters (vLLM adds each by id); None: full weights.",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> ServeArgs:
@@ -122,6 +127,7 @@ class ServeArgs(BaseModel):
             tool_format=config.model.tool_format,
             tool_template=config.model.tool_template,
             serve=config.serve,
+            lora_rank=config.learner.lora.r if config.learner.lora.enabled else None,
         )
 
     @property
@@ -224,6 +230,7 @@ def build_app(args: ServeArgs) -> serve.Application:
         app_name=args.app_name,
         vllm=limits.vllm,
         prefix_cache_tokens=limits.prefix_cache_tokens,
+        lora_rank=args.lora_rank,
     )
 
 

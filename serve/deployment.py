@@ -160,6 +160,7 @@ def build_engine(
     max_requests: int,
     vllm: VLLMConfig | None = None,
     max_cached_tokens: int = 0,
+    lora_rank: int | None = None,
 ) -> ServingEngine:
     """The serving engine of a replica, with the source's stop and pad ids."""
     name, adapter = policy_source(source)
@@ -177,6 +178,7 @@ def build_engine(
         max_requests=max_requests,
         vllm=vllm,
         max_cached_tokens=max_cached_tokens,
+        lora_rank=lora_rank,
     )
 
 
@@ -206,6 +208,7 @@ class PolicyModel:
         app_name: Serve application name (names the weights store).
         vllm: the vLLM engine's settings (``serve.vllm``).
         prefix_cache_tokens: key/value positions kept between an episode's calls (transformers engine).
+        lora_rank: a LoRA run's adapter rank: its versions reach the engine as adapters; None: full weights.
     """
 
     def __init__(
@@ -222,6 +225,7 @@ class PolicyModel:
         app_name: str,
         vllm: VLLMConfig | None = None,
         prefix_cache_tokens: int = 0,
+        lora_rank: int | None = None,
     ) -> None:
         hide_unreserved_gpus()
         torch.set_num_threads(torch_threads or capped(default_torch_threads(os.cpu_count() or 1)))
@@ -245,6 +249,7 @@ class PolicyModel:
             max_requests=max_batch_size + max_queued_requests,
             vllm=vllm,
             max_cached_tokens=prefix_cache_tokens,
+            lora_rank=lora_rank,
         )
         self.engine: ServingEngine | None = None
         loader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-load")
