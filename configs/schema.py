@@ -288,7 +288,9 @@ class SamplerConfig(Section):
         300.0,
         gt=0.0,
         description="Longest wait for a new sampler or env actor to start (process, imports, model load); one "
-        "that has not started by then is removed and the pool stays smaller.",
+        "that has not started by then is removed and the pool stays smaller. Samplers that start at once wait this "
+        "long for each one a node starts beside others (8 on one node: 8 times as long), as their engines share the "
+        "node's disk and CPUs while they load.",
     )
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="vLLM engine settings (`engine: vllm`).")
     modelled: ModelledEngineConfig = Field(

@@ -10,6 +10,7 @@ Dead env actors are handled inside each sampler (replaced while there is room, d
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable
 from itertools import takewhile
@@ -47,6 +48,19 @@ def sampler_lost(exc: BaseException) -> bool:
     raised inside the sampler's own code (``RayTaskError``) is not a loss."""
     lost = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError)
     return isinstance(exc, lost) and not isinstance(exc, ray.exceptions.RayTaskError)
+
+
+def start_wait_s(timeout_s: float, starting: int, nodes: int) -> float:
+    """How long a pool waits for ``starting`` samplers started at once: ``timeout_s`` (``sampler.start_timeout_s``)
+    for each one that a node starts beside others, spread evenly over ``nodes``: engines that start together on a
+    node share its disk and CPUs as they load and compile (a colocated run starts every sampler at once)."""
+    return timeout_s * max(1, math.ceil(starting / max(1, nodes)))
+
+
+def sampler_nodes(config: Config) -> int:
+    """The live nodes that have every kind of resource a sampler reserves (a GPU sampler's, GPU nodes)."""
+    kinds = [kind for kind, amount in sampler_request(config.sampler).items() if amount > 0]
+    return sum(1 for node in ray.nodes() if node["Alive"] and all(node["Resources"].get(k, 0) > 0 for k in kinds))
 
 
 def share_growth(counts: list[int], maximum: int, room: int) -> list[int]:
@@ -168,12 +182,16 @@ class SamplerPool:
             self.next_index += 1
             fresh.append(handle)
         probes = {s.state.remote(): s for s in fresh}
-        ready, _ = ray.wait(list(probes), num_returns=len(probes), timeout=cfg.sampler.start_timeout_s)
+        limit = start_wait_s(cfg.sampler.start_timeout_s, len(fresh), sampler_nodes(cfg))
+        ready, _ = ray.wait(list(probes), num_returns=len(probes), timeout=limit)
         started, failures = [], []
         for ref, handle in probes.items():
             try:
                 if ref not in ready:
-                    raise TimeoutError(f"not started within sampler.start_timeout_s={cfg.sampler.start_timeout_s}")
+                    raise TimeoutError(
+                        f"not started within {limit:g} s (sampler.start_timeout_s={cfg.sampler.start_timeout_s:g} for "
+                        f"each of the {len(fresh)} samplers that started at once, spread over the nodes that hold them)"
+                    )
                 self.env_counts[handle] = ray.get(ref)["env_actors"]
                 if self.weights is not None:
                     ray.get(handle.load_weights.remote(self.weights()))

@@ -4,7 +4,7 @@ import pytest
 import ray
 
 from agentgym_rl.driver.samplers.group import cause_line
-from agentgym_rl.driver.samplers.pool import sampler_lost, share_growth
+from agentgym_rl.driver.samplers.pool import sampler_lost, share_growth, start_wait_s
 
 
 @pytest.mark.parametrize(
@@ -19,6 +19,21 @@ from agentgym_rl.driver.samplers.pool import sampler_lost, share_growth
 )
 def test_share_growth_fills_the_smallest_first_up_to_the_maximum(counts, maximum, room, added):
     assert share_growth(counts, maximum, room) == added
+
+
+@pytest.mark.parametrize(
+    ("starting", "nodes", "wait"),
+    [
+        (1, 1, 300.0),
+        (8, 1, 2400.0),  # a colocated node's 8 engines load at once
+        (8, 2, 1200.0),
+        (3, 2, 600.0),  # one node starts two
+        (2, 8, 300.0),
+        (4, 0, 1200.0),  # no node known to hold one: as if one did
+    ],
+)
+def test_samplers_that_start_at_once_wait_for_as_many_as_a_node_starts(starting, nodes, wait):
+    assert start_wait_s(300.0, starting, nodes) == wait
 
 
 def test_sampler_lost_tells_a_dead_sampler_from_an_error_inside_it():
