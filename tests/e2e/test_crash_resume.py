@@ -87,7 +87,6 @@ def kill_actor_process(proc: subprocess.Popen, actor_class: str) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.ci
 def test_sigkill_during_a_checkpoint_write_then_resume(tmp_path: Path):
     runs = tmp_path / "runs"
     run_dir = runs / "crash"

@@ -143,6 +143,8 @@ SKIP = {
     "python benchmarks/serve.py --quick": "a serving benchmark: about a minute by its --help, not under one",
     "python benchmarks/scale.py --quick": "tests/e2e/test_scale_benchmark.py runs it (slow tier, in CI)",
     "python benchmarks/scale.py --points 1x8x1 2x32x4 4x128x16 --iterations 3": "the scale sweep: many minutes",
+    "python benchmarks/scale.py --points 4x128x16 --envs-per-actor 8": "the sweep's largest point: over 2 minutes",
+    "python benchmarks/scale.py --floor": "a CPU measurement (about a minute) whose numbers the page quotes from one run",
     "python benchmarks/serve.py --quick --model smollm2-135m-instruct": "a serving benchmark: minutes",
 }
 

@@ -129,7 +129,6 @@ def _uneven_batch() -> list:
 
 
 @pytest.mark.slow
-@pytest.mark.ci
 def test_zero3_learners_given_uneven_rows_run_the_same_passes_train_like_one_learner_and_publish_by_bucket(ray_local):
     trajectories = _uneven_batch()
     every_row = {"micro_batch_size": 1, "minibatches": 1, "skip_uniform_groups": False}  # each row its own pass

@@ -29,7 +29,6 @@ SETTINGS = [
 
 
 @pytest.mark.slow
-@pytest.mark.ci
 @pytest.mark.skipif(
     VLLM_MISSING,
     reason="the vLLM engine needs the vllm package with a CUDA GPU, or vLLM's CPU build: ./install.sh --vllm",

@@ -80,7 +80,6 @@ def live_tensor_bytes() -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.ci
 def test_an_adapter_version_samples_what_the_merged_weights_sample_for_a_twentieth_of_their_bytes(tokenizer):
     first, second = adapter_tensors(seed=0), adapter_tensors(seed=1)
     engine = vllm_engine(tokenizer, lora_rank=RANK)
@@ -120,7 +119,6 @@ def test_an_adapter_version_samples_what_the_merged_weights_sample_for_a_twentie
 
 
 @pytest.mark.slow
-@pytest.mark.ci
 def test_the_process_that_drives_vllm_holds_no_copy_of_the_base_weights(tokenizer, tmp_path):
     model_bytes = (model_dir(TINY_RANDOM) / "model.safetensors").stat().st_size
     versions = [adapter_tensors(seed) for seed in range(3)]

@@ -236,7 +236,8 @@ def test_broadcast_and_object_store_both_sample_the_learners_distribution(kind, 
     extra = ["learner.lora.enabled=true", "learner.lora.target_modules=all-linear"] if lora else []
     # The learner on the CPU makes the sync gloo's wherever the engine is (on a GPU machine: CPU to GPU).
     learner = make_learner("sft", "learner.lr=2e-2", "learner.device=cpu", *extra)
-    engine = tiny_engine(tokenizer, kind)
+    # a LoRA run starts its engines with the adapters' rank (vLLM then takes each version as an adapter)
+    engine = tiny_engine(tokenizer, kind, lora_rank=learner.config.lora.r if lora else None)
     try:
         learner.update_batch(batch_of(seed=1))
         engine.load_weights(learner.weights_payload())  # the object store's path
